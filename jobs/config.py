@@ -1,0 +1,397 @@
+"""Configuration: ``conf/<name>.yaml`` loaded, interpolated and validated.
+
+A file may start with ``extends: <other conf>`` and override only what differs. Strings may hold
+``${ENV_VAR:-default}`` and ``${home}`` (the resolved ``home`` key). Every key is validated: an unknown key or a
+bad value raises :class:`ConfigError` naming the key, what was given and what is allowed.
+"""
+from __future__ import annotations
+
+import copy
+import os
+import re
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+RETRIEVAL_TYPES = ("i2i", "i2t", "t2i", "t2t")
+
+
+class ConfigError(ValueError):
+    """A configuration file or override is invalid; the message names the key and the fix."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class SparkConf(_Section):
+    master: str = Field("local[*]", description="Spark master for local runs, e.g. local[*] or local[2]")
+    app_name: str = "erg"
+    jars_dir: str = Field("~/.cache/erg/jars/delta-4.4.0", description="folder Maven resolves Delta's jars into")
+    shuffle_partitions: int = Field(8, ge=1)
+    arrow_max_records_per_batch: int = Field(256, ge=1, description="rows per Arrow batch fed to a pandas UDF")
+    driver_memory: str = "4g"
+    show_progress: bool = True
+    extra: dict[str, str] = Field(default_factory=dict, description="any further spark.* settings")
+
+
+class TablesConf(_Section):
+    catalog: Optional[str] = Field(None, description="Unity Catalog catalog; null for the local session catalog")
+    schema_name: str = Field("erg", alias="schema", description="schema (database) that holds every table")
+    location: Optional[str] = Field(None, description="root folder of the Delta tables; null = managed tables")
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    @field_validator("schema_name")
+    @classmethod
+    def _identifier(cls, value: str) -> str:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", value):
+            raise ValueError("must be a SQL identifier: letters, digits and '_', not starting with a digit")
+        return value
+
+
+class MlflowConf(_Section):
+    tracking_uri: str = Field(..., description="sqlite:///path.db locally, 'databricks' on a cluster")
+    registry_uri: Optional[str] = Field(None, description="model registry; 'databricks-uc' for Unity Catalog")
+    artifact_location: Optional[str] = Field(None, description="where a new experiment stores artifacts")
+    experiment: str = "erg"
+    register_models: bool = True
+
+
+class IngestSource(_Section):
+    format: Literal["senticap_json", "senticap_csv", "flickrstyle", "flickr30k_tokens", "coco_captions",
+                    "coco_karpathy_refs", "image_manifest"]
+    path: str = Field(..., description="file (or folder for coco_karpathy_refs) to read")
+    name: Optional[str] = Field(None, description="source name written on the rows; defaults to the format's")
+    style: Optional[str] = Field(None, description="flickrstyle only: the style of every line (humor/romantic)")
+    image_names: Optional[str] = Field(None, description="flickrstyle only: image names file (.txt or .p)")
+    encoding: str = Field("utf-8", description="text encoding; a line that fails to decode goes to quarantine")
+    split: Optional[str] = Field(None, description="split for rows whose format carries none")
+    image_root: Optional[str] = Field(None, description="prefix for image uris (folder or cloud path)")
+
+    @model_validator(mode="after")
+    def _flickrstyle_needs(self) -> "IngestSource":
+        if self.format == "flickrstyle" and not (self.style and self.image_names):
+            raise ValueError("format flickrstyle needs 'style' (e.g. humor) and 'image_names' (the image list)")
+        return self
+
+
+class SampleConf(_Section):
+    dir: str = Field(..., description="where `erg sample` writes its files")
+    seed: int = 7
+    n_images: int = Field(600, ge=8, description="generated images (scenes share subjects/places)")
+    stylized_per_style: int = Field(80, ge=2, description="stylized captions per style (4 styles)")
+    factual_captions: int = Field(2400, ge=8, description="factual captions over the images")
+    image_size: int = Field(32, ge=8, le=512)
+    bad_rows: bool = Field(True, description="include malformed rows, which must land in quarantine")
+
+
+class IngestConf(_Section):
+    sources: list[IngestSource] = Field(default_factory=list, description="files to ingest; empty = the sample")
+
+
+class ClassifierConf(_Section):
+    name_or_path: str = "all-MiniLM-L6-v2"
+    max_length: int = Field(64, ge=8)
+    epochs: int = Field(3, ge=1)
+    batch_size: int = Field(32, ge=1)
+    lr: float = Field(2e-5, gt=0)
+    weight_decay: float = Field(0.01, ge=0)
+    warmup_ratio: float = Field(0.1, ge=0, lt=1)
+    max_train_captions: Optional[int] = Field(None, ge=10, description="cap on training captions (null = all)")
+    holdout_fraction: float = Field(0.1, gt=0, lt=1)
+    seed: int = 13
+
+
+class ExtractConf(_Section):
+    classifier: ClassifierConf = Field(default_factory=ClassifierConf)
+    eps: float = Field(0.25, gt=0, lt=1, description="extraction proportion: share of words in a style phrase")
+    head_selection_captions: int = Field(512, ge=1, description="stylized captions used to choose (l_s, h_s)")
+    batch_size: int = Field(64, ge=1)
+    device: str = Field("auto", description="auto | cpu | cuda[:N]")
+    table4_samples_per_style: int = Field(4, ge=1)
+
+
+class EncoderConf(_Section):
+    kind: Literal["sentence", "clip", "oscar"] = "sentence"
+    name_or_path: str = "all-MiniLM-L6-v2"
+    batch_size: int = Field(64, ge=1)
+    device: str = "auto"
+
+
+class IndexConf(_Section):
+    type: Literal["auto", "flat", "ivf", "hnsw"] = "auto"
+    exact_max_items: int = Field(200_000, ge=1, description="auto uses exact flat IP up to this many scenes")
+    nlist: int = Field(1024, ge=1)
+    nprobe: int = Field(32, ge=1)
+    hnsw_m: int = Field(32, ge=4)
+    ef_search: int = Field(128, ge=1)
+    use_gpu: bool = False
+
+
+class RetrieveConf(_Section):
+    types: list[Literal["i2i", "i2t", "t2i", "t2t"]] = Field(default_factory=lambda: list(RETRIEVAL_TYPES))
+    top_k: int = Field(5, ge=1)
+    min_similarity: float = Field(0.6, ge=-1, le=1, description="keep hits with cosine similarity > this")
+    index: IndexConf = Field(default_factory=IndexConf)
+    examples_to_log: int = Field(8, ge=0)
+
+
+class EmbedConf(_Section):
+    encoder: EncoderConf = Field(default_factory=EncoderConf)
+
+
+class GeneratorConf(_Section):
+    kind: Literal["causal", "seq2seq"] = "causal"
+    name_or_path: str = Field("gpt2", description="checkpoint name or path; with init=config, a config to build")
+    init: Literal["pretrained", "config", "bert2bert_minilm"] = "pretrained"
+    config_overrides: dict[str, Any] = Field(default_factory=dict)
+    vocab_size: int = Field(4000, ge=100, description="init=config: size of the tokenizer trained on the corpus")
+    epochs: int = Field(1, ge=1)
+    lr: float = Field(5e-5, gt=0)
+    batch_size: int = Field(16, ge=1)
+    max_source_len: int = Field(64, ge=8)
+    max_target_len: int = Field(48, ge=8)
+    seed: int = 17
+
+
+class DecodingConf(_Section):
+    strategy: Literal["greedy", "beam", "sample"] = "greedy"
+    num_beams: int = Field(4, ge=1)
+    top_p: float = Field(0.9, gt=0, le=1)
+    temperature: float = Field(1.0, gt=0)
+    max_new_tokens: int = Field(32, ge=1)
+    batch_size: int = Field(32, ge=1)
+
+
+class FilterConf(_Section):
+    ppl_max: float = Field(80.0, gt=0, description="keep a generated caption if its trigram perplexity < this")
+    min_similarity: float = Field(0.6, ge=-1, le=1, description="keep if retrieval similarity > this")
+    require_target_style: bool = True
+
+
+class GenerateConf(_Section):
+    generator: GeneratorConf = Field(default_factory=GeneratorConf)
+    decoding: DecodingConf = Field(default_factory=DecodingConf)
+    filters: FilterConf = Field(default_factory=FilterConf)
+    lm_discount: float = Field(0.75, gt=0, lt=1, description="Kneser-Ney absolute discount")
+    hits_per_query: int = Field(1, ge=1, description="retrieval hits per factual item turned into candidates")
+    max_candidates: Optional[int] = Field(None, ge=1, description="cap on new candidates per run (null = all)")
+    device: str = "auto"
+    samples_to_log: int = Field(5, ge=0)
+
+
+class TrainConf(_Section):
+    captioner: Literal["nic", "transformer"] = "nic"
+    backend: Literal["torch_distributor", "horovod"] = "torch_distributor"
+    reader: Literal["parquet", "petastorm"] = "parquet"
+    num_processes: int = Field(2, ge=1)
+    use_gpu: bool = False
+    use_augmented: bool = True
+    epochs: int = Field(5, ge=1)
+    batch_size: int = Field(32, ge=1)
+    lr: float = Field(1e-3, gt=0)
+    hidden_size: int = Field(256, ge=8)
+    seed: int = 23
+
+
+class EvaluateConf(_Section):
+    split: str = "test"
+    max_images: Optional[int] = Field(None, ge=1)
+    max_len: int = Field(24, ge=4)
+
+
+class ErgConfig(_Section):
+    name: str = Field(..., description="the conf's name: local, databricks, test or your own")
+    platform: Literal["local", "databricks"] = "local"
+    home: str = Field(".erg", description="local state: warehouse, MLflow store, models, sample")
+    styles: list[str] = Field(default_factory=lambda: ["humor", "romantic", "positive", "negative"], min_length=1)
+    factual_label: str = "factual"
+    spark: SparkConf = Field(default_factory=SparkConf)
+    tables: TablesConf = Field(default_factory=TablesConf)
+    mlflow: MlflowConf
+    sample: SampleConf
+    ingest: IngestConf = Field(default_factory=IngestConf)
+    extract: ExtractConf = Field(default_factory=ExtractConf)
+    embed: EmbedConf = Field(default_factory=EmbedConf)
+    retrieve: RetrieveConf = Field(default_factory=RetrieveConf)
+    generate: GenerateConf = Field(default_factory=GenerateConf)
+    train: TrainConf = Field(default_factory=TrainConf)
+    evaluate: EvaluateConf = Field(default_factory=EvaluateConf)
+
+    @field_validator("styles")
+    @classmethod
+    def _styles(cls, styles: list[str]) -> list[str]:
+        for style in styles:
+            if not re.fullmatch(r"[a-z][a-z0-9_]*", style):
+                raise ValueError(f"style {style!r} must be lower-case letters, digits and '_'")
+        if len(set(styles)) != len(styles):
+            raise ValueError("styles must be distinct")
+        return styles
+
+    @model_validator(mode="after")
+    def _factual_not_a_style(self) -> "ErgConfig":
+        if self.factual_label in self.styles:
+            raise ValueError(f"factual_label {self.factual_label!r} must not also be one of styles")
+        return self
+
+    @property
+    def labels(self) -> list[str]:
+        """Classifier labels: factual first, then the styles."""
+        return [self.factual_label, *self.styles]
+
+    def path(self, *parts: str) -> Path:
+        """A path under ``home``."""
+        return Path(self.home).joinpath(*parts)
+
+
+# ----------------------------------------------------------------------------------------------- loading
+_ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def _interpolate(value: Any, home: str | None) -> Any:
+    if isinstance(value, dict):
+        return {k: _interpolate(v, home) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_interpolate(v, home) for v in value]
+    if not isinstance(value, str):
+        return value
+
+    def env(match: re.Match) -> str:
+        name, default = match.group(1), match.group(2)
+        if name == "home" and home is not None:
+            return home
+        if name in os.environ:
+            return os.environ[name]
+        if default is None:
+            raise ConfigError(f"${{{name}}} is used in the configuration but the environment variable is not set; "
+                              f"set it or write ${{{name}:-default}}")
+        return default
+
+    return _ENV.sub(env, value)
+
+
+def _deep_merge(base: dict, override: dict) -> dict:
+    merged = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def conf_names() -> list[str]:
+    return sorted(p.name[:-5] for p in resources.files("conf").iterdir() if p.name.endswith(".yaml"))
+
+
+def _read_yaml(name_or_path: str, seen: tuple[str, ...] = ()) -> tuple[dict, str]:
+    if name_or_path.endswith((".yaml", ".yml")) or os.sep in name_or_path:
+        path = Path(name_or_path).expanduser()
+        if not path.exists():
+            raise ConfigError(f"configuration file {path} does not exist")
+        text, label = path.read_text(), str(path)
+    else:
+        resource = resources.files("conf") / f"{name_or_path}.yaml"
+        if not resource.is_file():
+            raise ConfigError(f"unknown conf {name_or_path!r}: choose one of {conf_names()} or give a .yaml path")
+        text, label = resource.read_text(), f"conf/{name_or_path}.yaml"
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{label} is not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{label} must hold a mapping of keys at the top level")
+    parent = data.pop("extends", None)
+    if parent:
+        if parent in seen:
+            raise ConfigError(f"{label}: 'extends' loops back to {parent!r}")
+        base, _ = _read_yaml(parent, seen + (name_or_path,))
+        data = _deep_merge(base, data)
+    return data, label
+
+
+def parse_overrides(pairs: list[str] | None) -> dict:
+    """``["extract.eps=0.3", "spark.master=local[2]"]`` -> nested dict (values parsed as YAML scalars)."""
+    out: dict = {}
+    for pair in pairs or []:
+        if "=" not in pair:
+            raise ConfigError(f"override {pair!r} must look like key.subkey=value")
+        key, raw = pair.split("=", 1)
+        node = out
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = yaml.safe_load(raw) if raw != "" else ""
+    return out
+
+
+def _format_errors(exc: ValidationError, label: str) -> str:
+    lines = []
+    for err in exc.errors():
+        key = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        if err["type"] == "extra_forbidden":
+            parent = _model_at(err["loc"][:-1])
+            allowed = ", ".join(sorted(f.alias or n for n, f in parent.model_fields.items())) if parent else "?"
+            lines.append(f"{label}: unknown key '{key}'; allowed keys here: {allowed}")
+            continue
+        given = err.get("input")
+        hint = _field_description(err["loc"])
+        msg = f"{label}: key '{key}': {err['msg']} (given: {given!r})"
+        lines.append(msg + (f"; expected: {hint}" if hint else ""))
+    return "invalid configuration\n  " + "\n  ".join(lines)
+
+
+def _model_at(loc: tuple) -> type[BaseModel] | None:
+    model: Any = ErgConfig
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field = _field(model, part)
+        if field is None:
+            return None
+        ann = field.annotation
+        inner = getattr(ann, "__args__", None)
+        candidates = [ann, *(inner or [])]
+        model = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+        if model is None:
+            return None
+    return model
+
+
+def _field(model: type[BaseModel], name: str):
+    for field_name, field in model.model_fields.items():
+        if name in (field_name, field.alias):
+            return field
+    return None
+
+
+def _field_description(loc: tuple) -> str | None:
+    if not loc:
+        return None
+    parent = _model_at(loc[:-1])
+    field = _field(parent, str(loc[-1])) if parent else None
+    return field.description if field is not None else None
+
+
+def load_config(name_or_path: str = "local", overrides: list[str] | dict | None = None) -> ErgConfig:
+    """Load ``conf/<name>.yaml`` (or a path), apply ``key=value`` overrides, interpolate, validate."""
+    data, label = _read_yaml(name_or_path)
+    extra = overrides if isinstance(overrides, dict) else parse_overrides(overrides)
+    if extra:
+        data = _deep_merge(data, extra)
+        label += " (with overrides)"
+    home_raw = _interpolate(data.get("home", ".erg"), None)
+    home = str(Path(home_raw).expanduser().resolve()) if data.get("platform", "local") == "local" else home_raw
+    data["home"] = home
+    data = _interpolate(data, home)
+    try:
+        cfg = ErgConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_errors(exc, label)) from None
+    if cfg.platform == "local":
+        cfg.spark.jars_dir = str(Path(cfg.spark.jars_dir).expanduser())
+    return cfg

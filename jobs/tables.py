@@ -1,0 +1,165 @@
+"""The tables of DESIGN.md (one schema, default ``erg``): names, schemas, natural keys, and idempotent writes.
+
+Every write is a Delta MERGE on the table's natural key: a rerun, or a rerun after a crash, leaves the same rows
+and never duplicates. Tables are created with Change Data Feed on, so downstream jobs can read what is new.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from jobs.config import ErgConfig
+
+_S, _I, _L, _D, _B = T.StringType(), T.IntegerType(), T.LongType(), T.DoubleType(), T.BooleanType()
+_TS = T.TimestampType()
+
+
+def _schema(*fields: tuple[str, T.DataType, bool]) -> T.StructType:
+    return T.StructType([T.StructField(name, dtype, nullable) for name, dtype, nullable in fields])
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    name: str
+    keys: tuple[str, ...]
+    schema: T.StructType
+    comment: str
+
+
+TABLES: dict[str, TableSpec] = {spec.name: spec for spec in [
+    TableSpec("stylized_captions", ("scene_id",), _schema(
+        ("scene_id", _S, False), ("image_id", _S, False), ("image_uri", _S, True), ("caption", _S, False),
+        ("style", _S, False), ("split", _S, True), ("source", _S, False), ("source_key", _S, True),
+        ("ingest_time", _TS, False), ("run_id", _S, True)),
+        "D_s: one stylized caption (a scene = a stylized caption with its image)"),
+    TableSpec("factual_captions", ("caption_id",), _schema(
+        ("caption_id", _S, False), ("image_id", _S, False), ("image_uri", _S, True), ("caption", _S, False),
+        ("source", _S, False), ("split", _S, True), ("ingest_time", _TS, False), ("run_id", _S, True)),
+        "P: one factual caption"),
+    TableSpec("images", ("image_id",), _schema(
+        ("image_id", _S, False), ("uri", _S, True), ("tags", _S, True), ("region_features", T.BinaryType(), True),
+        ("n_regions", _I, True), ("width", _I, True), ("height", _I, True), ("source", _S, False),
+        ("ingest_time", _TS, False), ("run_id", _S, True)),
+        "one image: uri, visual context (object tags), optional region features (float32 [n_regions, 2054])"),
+    TableSpec("quarantine", ("quarantine_id",), _schema(
+        ("quarantine_id", _S, False), ("source", _S, False), ("source_file", _S, True), ("line_no", _L, True),
+        ("raw", _S, True), ("reason", _S, False), ("quarantined_at", _TS, False), ("run_id", _S, True)),
+        "one rejected input row, kept with its reason"),
+    TableSpec("style_phrases", ("scene_id",), _schema(
+        ("scene_id", _S, False), ("style", _S, False), ("caption", _S, False), ("tokens", T.ArrayType(_S), False),
+        ("importance", T.ArrayType(_D), False), ("style_phrase", _S, False), ("phrase_words", T.ArrayType(_S), False),
+        ("content", _S, False), ("layer", _I, False), ("head", _I, False), ("eps", _D, False),
+        ("classifier_version", _S, False), ("run_id", _S, False), ("created_at", _TS, False)),
+        "D'_s: the style phrase e^s and content of each stylized caption under the selected head (l_s, h_s)"),
+    TableSpec("embeddings", ("item_id", "modality", "encoder_version"), _schema(
+        ("item_id", _S, False), ("item_kind", _S, False), ("modality", _S, False), ("vector", T.ArrayType(T.FloatType()), False),
+        ("encoder", _S, False), ("encoder_version", _S, False), ("run_id", _S, False), ("created_at", _TS, False)),
+        "one item (scene, factual caption or image) x modality (image/text) x encoder version"),
+    TableSpec("retrievals", ("query_id", "scene_id", "retrieval_type", "encoder_version"), _schema(
+        ("query_id", _S, False), ("query_image_id", _S, False), ("scene_id", _S, False), ("retrieval_type", _S, False),
+        ("rank", _I, False), ("similarity", _D, False), ("encoder_version", _S, False), ("run_id", _S, False),
+        ("created_at", _TS, False)),
+        "P': factual query (caption id) x stylized scene hit, per retrieval type"),
+    TableSpec("augmented_captions", ("query_id", "scene_id", "retrieval_type", "generator_version"), _schema(
+        ("query_id", _S, False), ("image_id", _S, False), ("image_uri", _S, True), ("factual_caption", _S, False),
+        ("scene_id", _S, False), ("retrieval_type", _S, False), ("style", _S, False), ("style_phrase", _S, False),
+        ("generated_caption", _S, False), ("similarity", _D, False), ("predicted_style", _S, True),
+        ("style_probability", _D, True), ("perplexity", _D, True), ("passed_style", _B, False),
+        ("passed_perplexity", _B, False), ("passed_similarity", _B, False), ("passed", _B, False),
+        ("reject_reason", _S, True), ("generator_version", _S, False), ("run_id", _S, False), ("created_at", _TS, False)),
+        "D_a: one generated caption with every filter verdict (failed candidates are kept with their reason)"),
+]}
+
+
+def table_name(cfg: ErgConfig, table: str) -> str:
+    """``erg.stylized_captions`` locally; ``<catalog>.<schema>.<table>`` in Unity Catalog."""
+    if table not in TABLES and table != "training_set":
+        raise KeyError(f"unknown table {table!r}; tables are {sorted(TABLES)}")
+    prefix = f"{cfg.tables.catalog}.{cfg.tables.schema_name}" if cfg.tables.catalog else cfg.tables.schema_name
+    return f"{prefix}.{table}"
+
+
+def table_location(cfg: ErgConfig, table: str) -> str | None:
+    if not cfg.tables.location:
+        return None
+    return str(Path(cfg.tables.location) / cfg.tables.schema_name / table)
+
+
+def register_tables(spark: SparkSession, cfg: ErgConfig) -> None:
+    """Create the schema and every table (empty, Change Data Feed on) if absent; names resolve afterwards."""
+    prefix = f"{cfg.tables.catalog}.{cfg.tables.schema_name}" if cfg.tables.catalog else cfg.tables.schema_name
+    spark.sql(f"CREATE SCHEMA IF NOT EXISTS {prefix}")
+    for table in TABLES:
+        ensure_table(spark, cfg, table)
+
+
+def ensure_table(spark: SparkSession, cfg: ErgConfig, table: str) -> str:
+    spec = TABLES[table]
+    name = table_name(cfg, table)
+    columns = ", ".join(f"`{f.name}` {f.dataType.simpleString()}{'' if f.nullable else ' NOT NULL'}"
+                        for f in spec.schema.fields)
+    location = table_location(cfg, table)
+    where = f" LOCATION '{location}'" if location else ""
+    spark.sql(
+        f"CREATE TABLE IF NOT EXISTS {name} ({columns}) USING DELTA{where} "
+        f"COMMENT '{spec.comment.replace(chr(39), '')}' "
+        "TBLPROPERTIES (delta.enableChangeDataFeed = true)"
+    )
+    return name
+
+
+def conform(df: DataFrame, table: str) -> DataFrame:
+    """Select and cast ``df``'s columns to the table schema (missing nullable columns become NULL)."""
+    spec = TABLES[table]
+    have = set(df.columns)
+    cols = []
+    for field in spec.schema.fields:
+        if field.name in have:
+            cols.append(F.col(field.name).cast(field.dataType).alias(field.name))
+        elif field.nullable:
+            cols.append(F.lit(None).cast(field.dataType).alias(field.name))
+        else:
+            raise ValueError(f"rows for {table} lack the required column {field.name!r}")
+    return df.select(*cols)
+
+
+def merge_rows(spark: SparkSession, cfg: ErgConfig, table: str, df: DataFrame, *, update_existing: bool = False,
+               fill_nulls: tuple[str, ...] = ()) -> dict:
+    """MERGE ``df`` into ``table`` on its natural key; returns {"inserted": n, "updated": n, "source_rows": n}.
+
+    Source rows are de-duplicated on the key first (MERGE forbids two source rows matching one target row).
+    With ``update_existing`` False an existing key is left untouched, so re-ingesting keeps the first ingest;
+    ``fill_nulls`` columns of an existing row that are NULL are filled from the source (e.g. an image's tags
+    arriving from a later source), and only such rows are rewritten.
+    """
+    from delta.tables import DeltaTable
+
+    spec = TABLES[table]
+    source = conform(df, table).dropDuplicates(list(spec.keys))
+    target = DeltaTable.forName(spark, table_name(cfg, table))
+    version_before = target.history(1).select("version").collect()[0][0]
+    condition = " AND ".join(f"t.`{k}` = s.`{k}`" for k in spec.keys)
+    merge = target.alias("t").merge(source.alias("s"), condition)
+    if update_existing:
+        merge = merge.whenMatchedUpdateAll()
+    elif fill_nulls:
+        missing = " OR ".join(f"(t.`{c}` IS NULL AND s.`{c}` IS NOT NULL)" for c in fill_nulls)
+        merge = merge.whenMatchedUpdate(condition=missing, set={c: f"coalesce(t.`{c}`, s.`{c}`)" for c in fill_nulls})
+    merge.whenNotMatchedInsertAll().execute()
+    version, metrics = target.history(1).select("version", "operationMetrics").collect()[0]
+    if version == version_before:  # nothing was written: no new commit
+        metrics = {}
+    metrics = metrics or {}
+    return {
+        "inserted": int(metrics.get("numTargetRowsInserted", 0)),
+        "updated": int(metrics.get("numTargetRowsUpdated", 0)),
+        "source_rows": int(metrics.get("numSourceRows", 0)),
+    }
+
+
+def read_table(spark: SparkSession, cfg: ErgConfig, table: str) -> DataFrame:
+    return spark.table(table_name(cfg, table))

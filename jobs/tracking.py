@@ -1,0 +1,79 @@
+"""MLflow: one run per job (child runs under ``erg run``'s parent), params, counts, and the run id for rows."""
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+from typing import Any, Iterator
+
+from jobs.config import ErgConfig
+
+
+def configure_mlflow(cfg: ErgConfig) -> str:
+    """Point MLflow at the configured tracking store and experiment; returns the experiment id."""
+    import mlflow
+
+    if cfg.platform == "local" and cfg.mlflow.tracking_uri.startswith("sqlite:///"):
+        Path(cfg.mlflow.tracking_uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    mlflow.set_tracking_uri(cfg.mlflow.tracking_uri)
+    if cfg.mlflow.registry_uri:
+        mlflow.set_registry_uri(cfg.mlflow.registry_uri)
+    experiment = mlflow.get_experiment_by_name(cfg.mlflow.experiment)
+    if experiment is None:
+        return mlflow.create_experiment(cfg.mlflow.experiment, artifact_location=cfg.mlflow.artifact_location)
+    mlflow.set_experiment(cfg.mlflow.experiment)
+    return experiment.experiment_id
+
+
+def flatten(prefix: str, value: Any) -> dict[str, str]:
+    """Nested config -> {"extract.eps": "0.25", ...} (lists as JSON), for mlflow.log_params."""
+    if hasattr(value, "model_dump"):
+        value = value.model_dump(by_alias=True)
+    if isinstance(value, dict):
+        out: dict[str, str] = {}
+        for key, item in value.items():
+            out.update(flatten(f"{prefix}.{key}" if prefix else str(key), item))
+        return out
+    text = json.dumps(value, default=str) if isinstance(value, (list, tuple)) else str(value)
+    return {prefix: text[:6000]}
+
+
+@contextlib.contextmanager
+def job_run(cfg: ErgConfig, job: str, *, sections: tuple[str, ...] = (), params: dict | None = None) -> Iterator[Any]:
+    """An MLflow run for one job, nested under the active run (``erg run``'s parent) when there is one.
+
+    Logs the conf name, the given config sections and extra params; tags ``erg.job``. Yields the run.
+    """
+    import mlflow
+
+    experiment_id = configure_mlflow(cfg)
+    nested = mlflow.active_run() is not None
+    with mlflow.start_run(run_name=job, nested=nested, experiment_id=experiment_id,
+                          tags={"erg.job": job, "erg.conf": cfg.name, "erg.platform": cfg.platform}) as run:
+        logged = {"conf": cfg.name, "styles": json.dumps(cfg.styles)}
+        for section in sections:
+            logged.update(flatten(section, getattr(cfg, section)))
+        logged.update({k: str(v) for k, v in (params or {}).items()})
+        items = list(logged.items())
+        for start in range(0, len(items), 100):
+            mlflow.log_params(dict(items[start:start + 100]))
+        yield run
+
+
+def log_counts(counts: dict[str, float], step: int | None = None) -> None:
+    import mlflow
+
+    clean = {k.replace(" ", "_").replace("/", "."): float(v) for k, v in counts.items() if v is not None}
+    if clean:
+        mlflow.log_metrics(clean, step=step)
+
+
+def mlflow_step_logger(prefix: str, every: int = 1):
+    """A callback ``on_step(step, metrics)`` for model-layer training loops: metrics per step into MLflow."""
+    import mlflow
+
+    def on_step(step: int, metrics: dict) -> None:
+        if step % every == 0:
+            mlflow.log_metrics({f"{prefix}.{k}": float(v) for k, v in metrics.items()}, step=step)
+
+    return on_step

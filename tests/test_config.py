@@ -1,0 +1,79 @@
+"""Configuration: every shipped conf validates; a bad key or value fails naming the key and what is allowed."""
+from __future__ import annotations
+
+import pytest
+
+from jobs.config import ConfigError, load_config, parse_overrides
+
+
+@pytest.mark.parametrize("name", ["local", "test", "databricks", "conf/shared_data.yaml"])
+def test_shipped_confs_validate(name, monkeypatch):
+    monkeypatch.setenv("ERG_HOME", "/tmp/erg-conf-test")
+    cfg = load_config(name)
+    assert cfg.labels[0] == "factual" and set(cfg.labels[1:]) == {"humor", "romantic", "positive", "negative"}
+    assert 0 < cfg.extract.eps < 1
+    assert cfg.retrieve.min_similarity == 0.6 and cfg.generate.filters.ppl_max == 80
+
+
+def test_local_paths_and_interpolation(monkeypatch, tmp_path):
+    monkeypatch.setenv("ERG_HOME", str(tmp_path))
+    cfg = load_config("local")
+    assert cfg.home == str(tmp_path)
+    assert cfg.tables.location == f"{tmp_path}/warehouse"
+    assert cfg.mlflow.tracking_uri == f"sqlite:///{tmp_path}/mlflow.db"
+    assert cfg.tables.catalog is None and cfg.tables.schema_name == "erg"
+
+
+def test_databricks_uses_unity_catalog(monkeypatch):
+    monkeypatch.setenv("ERG_CATALOG", "prod_cat")
+    cfg = load_config("databricks")
+    assert cfg.platform == "databricks" and cfg.tables.catalog == "prod_cat" and cfg.tables.location is None
+    assert cfg.mlflow.tracking_uri == "databricks" and cfg.mlflow.registry_uri == "databricks-uc"
+    assert cfg.extract.classifier.name_or_path == "bert-base-uncased"
+
+
+def test_overrides_parse_yaml_scalars():
+    assert parse_overrides(["extract.eps=0.3", "retrieve.types=[t2t]", "spark.master=local[2]"]) == {
+        "extract": {"eps": 0.3}, "retrieve": {"types": ["t2t"]}, "spark": {"master": "local[2]"}}
+    assert load_config("test", ["extract.eps=0.3"]).extract.eps == 0.3
+
+
+@pytest.mark.parametrize("override, key, allowed", [
+    ("extract.eps=1.5", "extract.eps", "less than 1"),
+    ("retrieve.index.type=kmeans", "retrieve.index.type", "'auto', 'flat', 'ivf' or 'hnsw'"),
+    ("retrieve.types=[x2y]", "retrieve.types.0", "'i2i', 'i2t', 't2i' or 't2t'"),
+    ("generate.filters.ppl_max=-3", "generate.filters.ppl_max", "greater than 0"),
+    ("styles=[Humor]", "styles", "lower-case"),
+    ("styles=[factual, humor]", "(top level)", "must not also be one of styles"),
+    ("tables.schema=1bad-name", "tables.schema", "SQL identifier"),
+])
+def test_bad_value_names_key_and_allowed(override, key, allowed):
+    with pytest.raises(ConfigError) as err:
+        load_config("test", [override])
+    assert f"'{key}'" in str(err.value) and allowed in str(err.value)
+
+
+def test_unknown_key_lists_allowed_keys():
+    with pytest.raises(ConfigError) as err:
+        load_config("test", ["extract.epz=0.3"])
+    message = str(err.value)
+    assert "unknown key 'extract.epz'" in message and "eps" in message and "classifier" in message
+
+
+def test_flickrstyle_source_needs_style_and_names():
+    with pytest.raises(ConfigError, match="needs 'style'"):
+        load_config("test", ["ingest.sources=[{format: flickrstyle, path: x.txt}]"])
+
+
+def test_unknown_conf_and_unset_env(tmp_path, monkeypatch):
+    with pytest.raises(ConfigError, match="unknown conf 'nope'"):
+        load_config("nope")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("extends: local\nname: bad\nhome: ${ERG_SURELY_UNSET_VAR}\n")
+    monkeypatch.delenv("ERG_SURELY_UNSET_VAR", raising=False)
+    with pytest.raises(ConfigError, match="ERG_SURELY_UNSET_VAR"):
+        load_config(str(bad))
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("name: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(str(broken))

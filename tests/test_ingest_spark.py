@@ -1,0 +1,88 @@
+"""Spark + Delta Lake: round trip, ingest of the sample with quarantine, idempotent re-ingest, SQL by name."""
+from __future__ import annotations
+
+import datetime as dt
+import json
+
+import mlflow
+import pytest
+
+from jobs.ingest import ingest
+from jobs.sample import PLANTED_BAD_ROWS
+from jobs.spark import get_spark
+from jobs.tables import TABLES, merge_rows, table_name
+
+pytestmark = pytest.mark.spark
+
+
+def test_delta_round_trip_and_merge(spark, fresh_cfg):
+    get_spark(fresh_cfg)
+    name = table_name(fresh_cfg, "stylized_captions")
+    now = dt.datetime(2026, 1, 1)
+    rows = [("s1", "coco:1", None, "a lovely dog", "positive", "train", "t", "k1", now, "r1"),
+            ("s2", "coco:2", None, "a sad dog", "negative", "train", "t", "k2", now, "r1")]
+    df = spark.createDataFrame(rows, schema=TABLES["stylized_captions"].schema)
+    assert merge_rows(spark, fresh_cfg, "stylized_captions", df)["inserted"] == 2
+    again = merge_rows(spark, fresh_cfg, "stylized_captions", df.union(df))
+    assert again["inserted"] == 0
+    out = spark.table(name).orderBy("scene_id").collect()
+    assert [(r.scene_id, r.caption) for r in out] == [("s1", "a lovely dog"), ("s2", "a sad dog")]
+    detail = spark.sql(f"DESCRIBE DETAIL {name}").collect()[0]
+    assert detail.format == "delta"
+    assert spark.sql(f"SHOW TBLPROPERTIES {name}").filter("key = 'delta.enableChangeDataFeed'").collect()[0].value == "true"
+    first = spark.read.format("delta").option("versionAsOf", 0).table(name).count()
+    assert first == 0  # version 0 is the empty CREATE TABLE: time travel works
+
+
+def test_ingest_sample_quarantine_and_idempotent(spark, fresh_cfg):
+    cfg = fresh_cfg
+    get_spark(cfg)
+    counts = ingest(spark, cfg)
+    sample = cfg.sample
+    n_styl = spark.table(table_name(cfg, "stylized_captions")).count()
+    n_fact = spark.table(table_name(cfg, "factual_captions")).count()
+    n_quar = spark.table(table_name(cfg, "quarantine")).count()
+    assert n_styl == 4 * sample.stylized_per_style - 2
+    assert n_fact == sample.factual_captions
+    assert n_quar == sum(PLANTED_BAD_ROWS.values())
+    assert spark.table(table_name(cfg, "images")).count() == sample.n_images
+    assert spark.table(table_name(cfg, "images")).filter("tags IS NULL").count() == 0
+    reasons = {r.reason.split(" (")[0] for r in spark.table(table_name(cfg, "quarantine")).collect()}
+    assert reasons == {"empty caption", "missing image id", "bad encoding", "malformed line", "unknown style 2"}
+    # every row carries the MLflow run id of the ingest run, which logged its counts
+    run_ids = {r.run_id for r in spark.table(table_name(cfg, "stylized_captions")).select("run_id").distinct().collect()}
+    assert run_ids == {counts["run_id"]}
+    run = mlflow.get_run(counts["run_id"])
+    assert run.data.metrics["stylized_captions.inserted"] == n_styl
+    assert run.data.metrics["quarantine.inserted"] == n_quar
+    assert run.data.tags["erg.job"] == "ingest"
+
+    again = ingest(spark, cfg)
+    assert again["stylized_captions.inserted"] == 0 and again["factual_captions.inserted"] == 0
+    assert again["quarantine.inserted"] == 0 and again["images.inserted"] == 0
+    assert spark.table(table_name(cfg, "stylized_captions")).count() == n_styl
+    assert spark.table(table_name(cfg, "quarantine")).count() == n_quar
+    # still the first ingest's run id: re-ingest rewrote nothing
+    assert {r.run_id for r in spark.table(table_name(cfg, "stylized_captions")).select("run_id").distinct().collect()} == run_ids
+
+
+def test_sql_by_name_through_cli(spark, fresh_cfg, capsys):
+    from jobs.cli import main
+
+    get_spark(fresh_cfg)
+    ingest(spark, fresh_cfg)
+    schema = fresh_cfg.tables.schema_name
+    code = main(["sql", "--conf", "test", "--set", f"tables.schema={schema}", "--json",
+                 f"SELECT style, count(*) AS n FROM {schema}.stylized_captions GROUP BY style ORDER BY style"])
+    assert code == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    per_style = {row["style"]: row["n"] for row in map(json.loads, lines)}
+    n = fresh_cfg.sample.stylized_per_style
+    assert per_style == {"humor": n - 2, "negative": n, "positive": n, "romantic": n}
+
+
+def test_cli_rejects_bad_conf(capsys):
+    from jobs.cli import main
+
+    assert main(["ingest", "--conf", "test", "--set", "extract.eps=2"]) == 2
+    assert "key 'extract.eps'" in capsys.readouterr().err

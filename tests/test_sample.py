@@ -1,0 +1,43 @@
+"""The generated sample: deterministic from its seed, in the real formats, with planted bad rows."""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from jobs.config import load_config
+from jobs.ingest import read_sources
+from jobs.sample import PLANTED_BAD_ROWS, sample_sources, write_sample
+
+
+def _digest(folder: Path) -> str:
+    h = hashlib.sha1()
+    for path in sorted(folder.rglob("*")):
+        if path.is_file():
+            h.update(path.relative_to(folder).as_posix().encode())
+            h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def test_sample_is_deterministic_and_readable(tmp_path, monkeypatch):
+    monkeypatch.setenv("ERG_HOME", str(tmp_path))
+    cfg_a = load_config("test", [f"sample.dir={tmp_path / 'a'}"])
+    cfg_b = load_config("test", [f"sample.dir={tmp_path / 'b'}"])
+    write_sample(cfg_a)
+    write_sample(cfg_b)
+    assert _digest(tmp_path / "a") == _digest(tmp_path / "b")
+    cfg_c = load_config("test", [f"sample.dir={tmp_path / 'c'}", "sample.seed=8"])
+    write_sample(cfg_c)
+    assert _digest(tmp_path / "c") != _digest(tmp_path / "a")
+
+    result, _ = read_sources(cfg_a, sample_sources(cfg_a))
+    frames = result.frames()
+    styles = frames["stylized_captions"]["style"].value_counts().to_dict()
+    n = cfg_a.sample.stylized_per_style
+    # planted: an empty and an undecodable humor line replace good ones; the bad SentiCap rows are extra
+    assert styles == {"positive": n, "negative": n, "romantic": n, "humor": n - 2}
+    assert len(frames["quarantine"]) == sum(PLANTED_BAD_ROWS.values())
+    assert len(frames["factual_captions"]) == cfg_a.sample.factual_captions
+    assert len(frames["images"]) == cfg_a.sample.n_images
+    assert frames["images"]["tags"].notna().all()
+    # scenes are shared: every stylized caption's image also has factual captions
+    assert set(frames["stylized_captions"]["image_id"]) <= set(frames["factual_captions"]["image_id"])
