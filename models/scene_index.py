@@ -1,0 +1,295 @@
+"""The Faiss index of stylized scenes (ERG step 2, Retrieve).
+
+Every stylized scene of D_s is embedded once per modality (its image, its stylized caption) by a
+``models.encoders.SceneEncoder``; the vectors of one target modality go into a ``SceneIndex`` that is
+built once on the driver, serialized with :meth:`SceneIndex.to_bytes` into one blob for a Spark
+broadcast, and rebuilt on each executor with :meth:`SceneIndex.from_bytes`.
+
+Vectors are L2-normalised, so the inner product Faiss computes is the cosine similarity of the paper.
+Three index types:
+
+- ``flat``: exact search (``IndexFlatIP``); the reference, and fast enough for the tens of thousands of
+  stylized scenes the public corpora hold.
+- ``ivf``: ``IVF<nlist>,Flat`` with inner product, trained on the scene vectors; ``nprobe`` lists are
+  scanned per query.
+- ``hnsw``: ``IndexHNSWFlat`` with ``METRIC_INNER_PRODUCT``, ``hnsw_m`` links per node, ``ef_search``
+  candidates per query.
+
+Rows map to scene ids through an id array stored next to the Faiss index (scene ids are strings, which
+``IndexIDMap``'s int64 ids cannot carry).
+
+The four retrieval types of the paper (i2i, i2t, t2i, t2t) name the query modality, taken from the
+factual pair, and the target modality, taken from the stylized set: :data:`RETRIEVAL_TYPES`.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import struct
+from collections import Counter
+from typing import NamedTuple, Sequence
+
+import faiss
+import numpy as np
+import pandas as pd
+
+logger = logging.getLogger(__name__)
+
+MODALITIES: tuple[str, ...] = ("image", "text")
+RETRIEVAL_TYPES: dict[str, tuple[str, str]] = {
+    "i2i": ("image", "image"),
+    "i2t": ("image", "text"),
+    "t2i": ("text", "image"),
+    "t2t": ("text", "text"),
+}
+"""Retrieval type -> (query modality of the factual pair, target modality in the stylized set)."""
+
+INDEX_TYPES: tuple[str, ...] = ("flat", "ivf", "hnsw")
+PAPER_SIMILARITY_THRESHOLD = 0.6
+"""The paper keeps a retrieved scene only if its cosine similarity is > 0.6."""
+
+HIT_COLUMNS: tuple[str, ...] = ("query_row", "scene_id", "similarity", "rank")
+_BLOB_MAGIC = b"ERGSIDX1"
+_NORM_TOLERANCE = 1e-3
+
+
+class ModalityPair(NamedTuple):
+    """Which embedding to query with (factual side) and which to index (stylized side)."""
+
+    query: str
+    target: str
+
+
+def retrieval_modalities(retrieval_type: str) -> ModalityPair:
+    """The (query, target) modalities of a retrieval type: ``"i2t"`` -> ``("image", "text")``.
+
+    The query embedding comes from the factual pair (its image or its caption); the index holds the
+    stylized scenes' embeddings of the target modality.
+    """
+    if retrieval_type not in RETRIEVAL_TYPES:
+        raise ValueError(f"unknown retrieval type {retrieval_type!r}: allowed are {sorted(RETRIEVAL_TYPES)}")
+    return ModalityPair(*RETRIEVAL_TYPES[retrieval_type])
+
+
+def _unit_vectors(vectors: np.ndarray, what: str, dim: int | None = None) -> np.ndarray:
+    """``vectors`` as a C-contiguous float32 [n, d] array of finite unit vectors, or a ValueError."""
+    array = np.asarray(vectors)
+    if array.ndim != 2:
+        raise ValueError(
+            f"{what} must be a 2-D array [n, dim], got shape {array.shape} (use .reshape(1, -1) for one vector)"
+        )
+    if not np.issubdtype(array.dtype, np.floating):
+        raise ValueError(f"{what} must hold floats, got dtype {array.dtype}")
+    array = np.ascontiguousarray(array, dtype=np.float32)
+    if dim is not None and array.shape[1] != dim:
+        raise ValueError(f"{what} have dimension {array.shape[1]} but the scene index holds dimension {dim}")
+    if array.size and not np.isfinite(array).all():
+        raise ValueError(f"{what} contain NaN or infinite values")
+    if array.shape[0]:
+        norms = np.linalg.norm(array, axis=1)
+        bad = np.flatnonzero(np.abs(norms - 1.0) > _NORM_TOLERANCE)
+        if bad.size:
+            raise ValueError(
+                f"{what} must be L2-normalised (inner product = cosine similarity); row {int(bad[0])} has norm "
+                f"{norms[bad[0]]:.4f} ({bad.size} rows off); the encoders return unit vectors"
+            )
+    return array
+
+
+def _scene_id_array(scene_ids: Sequence[str] | np.ndarray, count: int) -> np.ndarray:
+    """Scene ids as an object array of distinct, non-empty strings, one per vector row."""
+    ids = list(np.asarray(scene_ids, dtype=object).ravel()) if isinstance(scene_ids, np.ndarray) else list(scene_ids)
+    if len(ids) != count:
+        raise ValueError(f"got {len(ids)} scene ids for {count} vectors: give exactly one scene id per row")
+    for row, scene_id in enumerate(ids):
+        if not isinstance(scene_id, str) or not scene_id:
+            raise ValueError(f"scene_ids[{row}] is {scene_id!r}: scene ids must be non-empty strings")
+    if len(set(ids)) != len(ids):
+        duplicate, times = Counter(ids).most_common(1)[0]
+        raise ValueError(f"scene id {duplicate!r} occurs {times} times: each scene goes into the index once")
+    return np.array([str(s) for s in ids], dtype=object)
+
+
+def _positive_int(value: int, name: str, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def default_nlist(count: int) -> int:
+    """IVF list count for ``count`` scenes: about 4*sqrt(n), with at least 39 training points per list."""
+    return max(1, min(int(round(4 * math.sqrt(count))), count // 39))
+
+
+def _apply_search_params(index: faiss.Index, index_type: str, params: dict[str, int]) -> None:
+    if index_type == "ivf":
+        faiss.extract_index_ivf(index).nprobe = params["nprobe"]
+    elif index_type == "hnsw":
+        index.hnsw.efSearch = params["ef_search"]
+
+
+class SceneIndex:
+    """A Faiss inner-product index over unit vectors of stylized scenes, with their scene ids.
+
+    Build it with :func:`build_scene_index`; query it with :meth:`search`; ship it to executors with
+    :meth:`to_bytes` / :meth:`from_bytes`.
+    """
+
+    def __init__(
+        self,
+        index: faiss.Index,
+        scene_ids: np.ndarray,
+        index_type: str,
+        params: dict[str, int],
+        use_gpu: bool = False,
+    ) -> None:
+        if index.ntotal != len(scene_ids):
+            raise ValueError(f"the Faiss index holds {index.ntotal} vectors but {len(scene_ids)} scene ids were given")
+        self._cpu_index = index
+        self.scene_ids = scene_ids
+        self.index_type = index_type
+        self.params = dict(params)
+        _apply_search_params(index, index_type, self.params)
+        self._search_index = self._to_gpu(index) if use_gpu else index
+
+    def _to_gpu(self, index: faiss.Index) -> faiss.Index:
+        gpus = faiss.get_num_gpus()
+        if gpus == 0:
+            logger.info("use_gpu asked for, but Faiss sees no GPU (faiss-cpu or no device): searching on CPU")
+            return index
+        if self.index_type == "hnsw":
+            logger.info("Faiss has no GPU HNSW index: the hnsw scene index searches on CPU")
+            return index
+        logger.info("moving the %s scene index to %d GPU(s)", self.index_type, gpus)
+        return faiss.index_cpu_to_all_gpus(index)
+
+    @property
+    def dim(self) -> int:
+        """Dimension of the scene vectors."""
+        return int(self._cpu_index.d)
+
+    @property
+    def on_gpu(self) -> bool:
+        """Whether searches run on a GPU copy of the index."""
+        return self._search_index is not self._cpu_index
+
+    def __len__(self) -> int:
+        return int(self._cpu_index.ntotal)
+
+    def search(
+        self,
+        queries: np.ndarray,
+        top_k: int = 10,
+        min_similarity: float = PAPER_SIMILARITY_THRESHOLD,
+    ) -> pd.DataFrame:
+        """The top-k scenes of each query whose cosine similarity is strictly greater than ``min_similarity``.
+
+        ``queries`` is a float32 [n_queries, dim] array of unit vectors. Returns one row per hit with the
+        columns ``query_row`` (row of ``queries``), ``scene_id``, ``similarity`` (cosine, clipped to
+        [-1, 1]) and ``rank`` (1 = most similar, counted over the hits kept), ordered by query row, then
+        rank. A query with no hit above the threshold has no row. ``min_similarity`` defaults to the
+        paper's 0.6; pass -1.0 to keep every top-k neighbour but exact opposites.
+        """
+        top_k = _positive_int(top_k, "top_k")
+        if isinstance(min_similarity, bool) or not isinstance(min_similarity, (int, float, np.floating)):
+            raise ValueError(f"min_similarity must be a number in [-1, 1], got {min_similarity!r}")
+        if not -1.0 <= float(min_similarity) <= 1.0:
+            raise ValueError(f"min_similarity must lie in [-1, 1] (cosine similarity), got {min_similarity}")
+        query_array = _unit_vectors(queries, "queries", dim=self.dim)
+        k = min(top_k, len(self))
+        if query_array.shape[0] == 0:
+            empty = np.empty(0, np.int64)
+            return _hit_frame(empty, np.empty(0, object), np.empty(0, np.float32), empty)
+        similarities, rows = self._search_index.search(query_array, k)
+        keep = (rows >= 0) & (similarities > float(min_similarity))
+        ranks = np.cumsum(keep, axis=1)
+        query_rows = np.broadcast_to(np.arange(query_array.shape[0])[:, None], rows.shape)
+        return _hit_frame(
+            query_rows[keep].astype(np.int64),
+            self.scene_ids[rows[keep]],
+            np.clip(similarities[keep], -1.0, 1.0).astype(np.float32),
+            ranks[keep].astype(np.int64),
+        )
+
+    def to_bytes(self) -> bytes:
+        """One self-describing blob (header, scene ids, ``faiss.serialize_index``) for a Spark broadcast."""
+        header = json.dumps(
+            {"index_type": self.index_type, "dim": self.dim, "params": self.params, "scene_ids": list(self.scene_ids)}
+        ).encode("utf-8")
+        faiss_bytes = faiss.serialize_index(self._cpu_index).tobytes()
+        return _BLOB_MAGIC + struct.pack("<Q", len(header)) + header + faiss_bytes
+
+    @classmethod
+    def from_bytes(cls, blob: bytes, use_gpu: bool = False) -> "SceneIndex":
+        """Rebuild a :class:`SceneIndex` from :meth:`to_bytes`; ``use_gpu`` as in :func:`build_scene_index`."""
+        view = memoryview(blob)
+        start = len(_BLOB_MAGIC) + 8
+        if len(view) < start or bytes(view[: len(_BLOB_MAGIC)]) != _BLOB_MAGIC:
+            raise ValueError(
+                "not a SceneIndex blob: it does not start with the ERGSIDX1 header (made by SceneIndex.to_bytes)"
+            )
+        (header_length,) = struct.unpack("<Q", view[len(_BLOB_MAGIC) : start])
+        header = json.loads(bytes(view[start : start + header_length]).decode("utf-8"))
+        index = faiss.deserialize_index(np.frombuffer(view[start + header_length :], dtype=np.uint8))
+        scene_ids = np.array(header["scene_ids"], dtype=object)
+        return cls(index, scene_ids, header["index_type"], header["params"], use_gpu=use_gpu)
+
+
+def _hit_frame(
+    query_rows: np.ndarray, scene_ids: np.ndarray, similarities: np.ndarray, ranks: np.ndarray
+) -> pd.DataFrame:
+    return pd.DataFrame(
+        {"query_row": query_rows, "scene_id": scene_ids, "similarity": similarities, "rank": ranks},
+        columns=list(HIT_COLUMNS),
+    )
+
+
+def build_scene_index(
+    vectors: np.ndarray,
+    scene_ids: Sequence[str] | np.ndarray,
+    index_type: str = "flat",
+    nlist: int | None = None,
+    nprobe: int = 16,
+    hnsw_m: int = 32,
+    ef_search: int = 128,
+    use_gpu: bool = False,
+) -> SceneIndex:
+    """Index the unit vectors of the stylized scenes of one target modality under their scene ids.
+
+    ``vectors``: float32 [n, d] L2-normalised (as every ``SceneEncoder`` returns them); ``scene_ids``:
+    n distinct strings, row i naming the scene of ``vectors[i]``. ``index_type``: ``flat`` (exact),
+    ``ivf`` (``nlist`` lists, default :func:`default_nlist`, ``nprobe`` scanned per query, capped at
+    ``nlist``) or ``hnsw`` (``hnsw_m`` links per node, ``ef_search`` candidates per query).
+    ``use_gpu`` moves the flat or IVF index to every GPU with ``faiss.index_cpu_to_all_gpus`` when
+    faiss-gpu sees one (``faiss.get_num_gpus() > 0``), and otherwise searches on CPU.
+    """
+    if index_type not in INDEX_TYPES:
+        raise ValueError(f"unknown index_type {index_type!r}: allowed are {list(INDEX_TYPES)}")
+    array = _unit_vectors(vectors, "scene vectors")
+    count, dim = array.shape
+    if count == 0:
+        raise ValueError("cannot build a scene index from 0 vectors: embed the stylized scenes first")
+    if dim == 0:
+        raise ValueError("scene vectors have dimension 0")
+    ids = _scene_id_array(scene_ids, count)
+    params: dict[str, int] = {}
+    if index_type == "flat":
+        index = faiss.IndexFlatIP(dim)
+    elif index_type == "ivf":
+        lists = default_nlist(count) if nlist is None else _positive_int(nlist, "nlist")
+        if lists > count:
+            raise ValueError(
+                f"nlist={lists} exceeds the {count} scene vectors: IVF training needs at least nlist vectors"
+            )
+        params = {"nlist": lists, "nprobe": min(_positive_int(nprobe, "nprobe"), lists)}
+        index = faiss.index_factory(dim, f"IVF{lists},Flat", faiss.METRIC_INNER_PRODUCT)
+        index.train(array)
+    else:
+        params = {
+            "hnsw_m": _positive_int(hnsw_m, "hnsw_m", minimum=2),
+            "ef_search": _positive_int(ef_search, "ef_search"),
+        }
+        index = faiss.IndexHNSWFlat(dim, params["hnsw_m"], faiss.METRIC_INNER_PRODUCT)
+    index.add(array)
+    return SceneIndex(index, ids, index_type, params, use_gpu=use_gpu)
