@@ -1,0 +1,376 @@
+"""Distributed captioner training: the function Spark's TorchDistributor (or Horovod) runs on every worker.
+
+:func:`train_worker` is a plain, picklable function with no Spark import. Each worker process
+
+1. reads the training pairs from Parquet files (columns: style, caption, image feature vector as ``list<float>``);
+2. joins the process group that the launcher described in the environment (``RANK``, ``WORLD_SIZE``,
+   ``MASTER_ADDR``, ``MASTER_PORT``, ``LOCAL_RANK``, as TorchDistributor and torchrun set them; gloo on CPU, nccl on
+   GPU), or runs alone when ``WORLD_SIZE`` is absent or 1; with ``backend="horovod"`` it calls ``hvd.init()``;
+3. takes its shard of the rows through ``DistributedSampler`` and trains the captioner wrapped in DDP (or with
+   Horovod's ``DistributedOptimizer``) with AdamW;
+4. reports every ``log_every`` steps to an optional ``on_step(step, metrics)`` callback (rank 0 only), saves the
+   model and its vocabulary from rank 0 to ``output_dir`` and returns the loss curve from rank 0 (None elsewhere).
+
+Every rank reads all rows (the sampler needs the whole index) and builds the same vocabulary from them.
+"""
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as pads
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+from models.backbones import pick_device
+from models.captioners import (CAPTIONER_KINDS, Captioner, CaptionVocab, build_captioner, save_captioner,
+                               teacher_forcing_loss)
+
+BACKENDS = ("ddp", "horovod")
+HOROVOD_INSTALL_HINT = (
+    "backend 'horovod' needs Horovod built with PyTorch support, e.g. "
+    "HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 "
+    "pip install --no-build-isolation horovod==0.28.1 (on Databricks ML runtimes it is preinstalled); "
+    "or use backend 'ddp' with Spark's TorchDistributor"
+)
+
+OnStep = Callable[[int, dict[str, float]], None]
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """What :func:`train_worker` reads from its ``config`` dict; unknown keys and bad values are ValueErrors."""
+
+    train_paths: tuple[str, ...]
+    output_dir: str
+    kind: str = "nic"
+    hparams: dict[str, Any] = field(default_factory=dict)
+    feature_column: str = "features"
+    style_column: str = "style"
+    caption_column: str = "caption"
+    feature_regions: int = 1
+    vocab_path: str | None = None
+    min_count: int = 1
+    max_words: int = 30
+    epochs: int = 5
+    batch_size: int = 32
+    lr: float = 1e-3
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    seed: int = 23
+    device: str = "auto"
+    backend: str = "ddp"
+    log_every: int = 10
+
+    @classmethod
+    def from_dict(cls, config: dict[str, Any]) -> TrainConfig:
+        """Validate ``config``: a ValueError names the key, the value given and what is allowed."""
+        if not isinstance(config, dict):
+            raise ValueError(f"config must be a dict, got {type(config).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(config) - known)
+        if unknown:
+            raise ValueError(f"unknown training config keys {unknown}; allowed: {sorted(known)}")
+        missing = [k for k in ("train_paths", "output_dir") if not config.get(k)]
+        if missing:
+            raise ValueError(f"training config needs {missing}: the Parquet files to train on and where to save")
+        paths = config["train_paths"]
+        paths = (paths,) if isinstance(paths, (str, os.PathLike)) else tuple(paths)
+        values = {**config, "train_paths": tuple(str(p) for p in paths), "output_dir": str(config["output_dir"])}
+        parsed = cls(**values)
+        parsed._check()
+        return parsed
+
+    def _check(self) -> None:
+        if self.kind not in CAPTIONER_KINDS:
+            raise ValueError(f"kind must be one of {list(CAPTIONER_KINDS)}, got {self.kind!r}")
+        if not isinstance(self.hparams, dict):
+            raise ValueError(f"hparams must be a dict of captioner hyper-parameters, got {self.hparams!r}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {list(BACKENDS)}, got {self.backend!r}")
+        for name in ("feature_regions", "min_count", "max_words", "epochs", "batch_size", "log_every"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        for name, low in (("lr", None), ("weight_decay", 0.0), ("grad_clip", 0.0)):
+            value = getattr(self, name)
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            if not ok or (value <= 0 if low is None else value < low):
+                raise ValueError(f"{name} must be a finite number {'> 0' if low is None else '>= 0 (0 = off)'}, "
+                                 f"got {value!r}")
+
+
+@dataclass
+class CaptionData:
+    """Training pairs as arrays: features ``[N, regions, d]`` (float32), styles and captions."""
+
+    features: np.ndarray
+    styles: list[str]
+    captions: list[str]
+
+
+def read_caption_parquet(paths: tuple[str, ...] | list[str], feature_column: str = "features",
+                         style_column: str = "style", caption_column: str = "caption",
+                         feature_regions: int = 1) -> CaptionData:
+    """Read training pairs from Parquet files or folders of them.
+
+    A Delta table folder is refused (its folder holds files of old versions): pass the current snapshot's files,
+    e.g. ``spark.read.format("delta").load(path).inputFiles()``. A feature vector of length ``regions * d`` is
+    reshaped to ``[regions, d]``.
+    """
+    if not paths:
+        raise ValueError("no Parquet paths given to read training pairs from")
+    for path in paths:
+        if not Path(path).exists():
+            raise ValueError(f"training data path {path} does not exist")
+        if (Path(path) / "_delta_log").is_dir():
+            raise ValueError(f"{path} is a Delta table: pass its current files (DataFrame.inputFiles()), "
+                             "not the folder, which also holds files of older versions")
+    dataset = pads.dataset(list(paths), format="parquet")
+    columns = [feature_column, style_column, caption_column]
+    absent = [c for c in columns if c not in dataset.schema.names]
+    if absent:
+        raise ValueError(f"training data lacks columns {absent}; it has {dataset.schema.names}")
+    table = dataset.to_table(columns=columns)
+    if table.num_rows == 0:
+        raise ValueError(f"training data in {list(paths)} has no rows")
+    for name in columns:
+        nulls = table.column(name).null_count
+        if nulls:
+            raise ValueError(f"column {name!r} has {nulls} null values; filter or quarantine them before training")
+    for name in (style_column, caption_column):
+        kind = table.schema.field(name).type
+        if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+            raise ValueError(f"column {name!r} must hold strings, got {kind}")
+    vectors = table.column(feature_column).combine_chunks()
+    if not (pa.types.is_list(vectors.type) or pa.types.is_large_list(vectors.type)
+            or pa.types.is_fixed_size_list(vectors.type)):
+        raise ValueError(f"column {feature_column!r} must be list<float> (one image feature vector), "
+                         f"got {vectors.type}")
+    lengths = np.asarray(pc.list_value_length(vectors))
+    if lengths.min() != lengths.max() or lengths[0] == 0:
+        raise ValueError(f"feature vectors in {feature_column!r} must all have one non-zero length, got lengths "
+                         f"{sorted(set(lengths.tolist()))[:5]}")
+    dim = int(lengths[0])
+    if dim % feature_regions:
+        raise ValueError(f"feature length {dim} is not divisible by feature_regions={feature_regions}")
+    flat = np.asarray(vectors.flatten(), dtype=np.float32)
+    if not np.isfinite(flat).all():
+        raise ValueError(f"column {feature_column!r} holds NaN or infinite values")
+    return CaptionData(features=flat.reshape(table.num_rows, feature_regions, dim // feature_regions),
+                       styles=table.column(style_column).to_pylist(), captions=table.column(caption_column).to_pylist())
+
+
+class _Collective:
+    """One process alone: no process group, no communication."""
+
+    rank, world_size, local_rank = 0, 1, 0
+    name = "single"
+
+    def wrap(self, model: Captioner, optimizer: torch.optim.Optimizer,
+             device: torch.device) -> tuple[nn.Module, torch.optim.Optimizer]:
+        """The module to call forward on and the optimizer to step."""
+        return model, optimizer
+
+    def step(self, optimizer: torch.optim.Optimizer, model: Captioner, grad_clip: float) -> None:
+        """Clip the (already averaged) gradients and step."""
+        if grad_clip:
+            nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        optimizer.step()
+
+    def mean(self, value: float, device: torch.device) -> float:
+        """Mean of ``value`` over all ranks."""
+        return value
+
+    def gather(self, obj: Any) -> list[Any]:
+        """``obj`` of every rank, in rank order."""
+        return [obj]
+
+    def close(self) -> None:
+        """Leave the process group if this worker created it."""
+
+
+class _TorchDDP(_Collective):
+    """torch.distributed from the environment; DDP averages gradients."""
+
+    name = "ddp"
+
+    def __init__(self, device: torch.device) -> None:
+        import torch.distributed as dist
+
+        self.dist = dist
+        self.created = not dist.is_initialized()
+        if self.created:
+            missing = [k for k in ("RANK", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
+            if missing:
+                raise ValueError(f"WORLD_SIZE={os.environ['WORLD_SIZE']} but {missing} are not set: run under "
+                                 "TorchDistributor or torchrun, which set RANK, MASTER_ADDR and MASTER_PORT")
+            dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo", init_method="env://")
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+
+    def wrap(self, model: Captioner, optimizer: torch.optim.Optimizer,
+             device: torch.device) -> tuple[nn.Module, torch.optim.Optimizer]:
+        from torch.nn.parallel import DistributedDataParallel
+
+        ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+        return ddp, optimizer
+
+    def mean(self, value: float, device: torch.device) -> float:
+        tensor = torch.tensor([value], dtype=torch.float64, device=device)
+        self.dist.all_reduce(tensor)
+        return float(tensor.item()) / self.world_size
+
+    def gather(self, obj: Any) -> list[Any]:
+        out: list[Any] = [None] * self.world_size
+        self.dist.all_gather_object(out, obj)
+        return out
+
+    def close(self) -> None:
+        if self.created:
+            self.dist.destroy_process_group()
+
+
+class _Horovod(_Collective):
+    """Horovod: DistributedOptimizer averages gradients; parameters and optimizer state broadcast from rank 0."""
+
+    name = "horovod"
+
+    def __init__(self) -> None:
+        try:
+            import horovod.torch as hvd
+        except ImportError as err:
+            raise ImportError(HOROVOD_INSTALL_HINT) from err
+        self.hvd = hvd
+        hvd.init()
+        self.rank, self.world_size, self.local_rank = hvd.rank(), hvd.size(), hvd.local_rank()
+
+    def wrap(self, model: Captioner, optimizer: torch.optim.Optimizer,
+             device: torch.device) -> tuple[nn.Module, torch.optim.Optimizer]:
+        optimizer = self.hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+        self.hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        self.hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+        return model, optimizer
+
+    def step(self, optimizer: torch.optim.Optimizer, model: Captioner, grad_clip: float) -> None:
+        optimizer.synchronize()  # average gradients before clipping them
+        if grad_clip:
+            nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        with optimizer.skip_synchronize():
+            optimizer.step()
+
+    def mean(self, value: float, device: torch.device) -> float:
+        return float(self.hvd.allreduce(torch.tensor([value], dtype=torch.float64), op=self.hvd.Average).item())
+
+    def gather(self, obj: Any) -> list[Any]:
+        return list(self.hvd.allgather_object(obj))
+
+
+def _join(backend: str, device: torch.device) -> _Collective:
+    if backend == "horovod":
+        return _Horovod()
+    import torch.distributed as dist
+
+    if dist.is_initialized() or int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return _TorchDDP(device)
+    return _Collective()
+
+
+def _worker_device(preferred: str, local_rank: int) -> torch.device:
+    """``auto`` or ``cuda`` on a GPU worker take the GPU of this local rank; ``cuda:N`` and ``cpu`` as given."""
+    device = pick_device(preferred)
+    if device.type == "cuda" and (preferred == "auto" or device.index is None):
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    return device
+
+
+def train_worker(config: dict[str, Any], on_step: OnStep | None = None) -> dict[str, Any] | None:
+    """Train a captioner on this worker's shard; rank 0 saves it to ``config["output_dir"]`` and returns a summary.
+
+    ``config`` holds the fields of :class:`TrainConfig` (``train_paths`` and ``output_dir`` required). The summary
+    has ``loss_first``/``loss_last`` (first and last step, mean over ranks), ``losses`` (every step),
+    ``epoch_losses``, ``world_size``, ``steps``, ``rows`` and the first epoch's sharding: ``rows_per_rank``,
+    ``shard_overlap`` (rows that two ranks both trained on: 0) and ``rows_covered``. Other ranks return None.
+    """
+    cfg = TrainConfig.from_dict(config)
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = _worker_device(cfg.device, local_rank)
+    collective = _join(cfg.backend, device)
+    try:
+        return _train(cfg, collective, device, on_step)
+    finally:
+        collective.close()
+
+
+def _train(cfg: TrainConfig, collective: _Collective, device: torch.device,
+           on_step: OnStep | None) -> dict[str, Any] | None:
+    data = read_caption_parquet(cfg.train_paths, cfg.feature_column, cfg.style_column, cfg.caption_column,
+                                cfg.feature_regions)
+    if cfg.vocab_path:
+        vocab = CaptionVocab.load(cfg.vocab_path)
+    else:
+        vocab = CaptionVocab.build(data.captions, sorted(set(data.styles)), cfg.min_count)
+    unknown_styles = sorted(set(data.styles) - set(vocab.styles))
+    if unknown_styles:
+        raise ValueError(f"styles {unknown_styles} in the data are not in the vocabulary's {list(vocab.styles)}")
+    rows = len(data.captions)
+    if rows < collective.world_size:
+        raise ValueError(f"{rows} training rows cannot be sharded over {collective.world_size} workers")
+    dataset = TensorDataset(torch.arange(rows), torch.from_numpy(data.features),
+                            vocab.encode_batch(data.captions, data.styles, cfg.max_words))
+    sampler = DistributedSampler(dataset, num_replicas=collective.world_size, rank=collective.rank, shuffle=True,
+                                 seed=cfg.seed, drop_last=True)
+    loader = DataLoader(dataset, batch_size=cfg.batch_size, sampler=sampler)
+
+    torch.manual_seed(cfg.seed)
+    model = build_captioner(cfg.kind, int(data.features.shape[-1]), vocab, **cfg.hparams).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    forward, optimizer = collective.wrap(model, optimizer, device)
+
+    losses: list[float] = []
+    epoch_losses: list[float] = []
+    shard: list[int] = []
+    total_steps = cfg.epochs * len(loader)
+    for epoch in range(cfg.epochs):
+        sampler.set_epoch(epoch)
+        model.train()
+        epoch_start = len(losses)
+        for row_ids, features, tokens in loader:
+            if epoch == 0:
+                shard.extend(row_ids.tolist())
+            loss = teacher_forcing_loss(forward, features.to(device), tokens.to(device), vocab.pad_id)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            collective.step(optimizer, model, cfg.grad_clip)
+            value = collective.mean(float(loss.detach()), device)
+            if not math.isfinite(value):
+                raise FloatingPointError(f"training loss became {value} at step {len(losses) + 1}: lower lr "
+                                         f"(now {cfg.lr}) or check the features for extreme values")
+            losses.append(value)
+            step = len(losses)
+            if on_step is not None and collective.rank == 0 and (step % cfg.log_every == 0 or step == total_steps):
+                on_step(step, {"loss": value, "epoch": float(epoch)})
+        epoch_losses.append(float(np.mean(losses[epoch_start:])))
+
+    shards = collective.gather(shard)
+    if collective.rank != 0:
+        return None
+    save_captioner(model, cfg.output_dir)
+    seen = [set(s) for s in shards]
+    return {
+        "loss_first": losses[0], "loss_last": losses[-1], "losses": losses, "epoch_losses": epoch_losses,
+        "world_size": collective.world_size, "backend": collective.name, "device": str(device),
+        "steps": len(losses), "rows": rows, "vocab_size": len(vocab),
+        "rows_per_rank": [len(s) for s in shards], "shard_overlap": sum(len(s) for s in seen) - len(set().union(*seen)),
+        "rows_covered": len(set().union(*seen)), "output_dir": cfg.output_dir, "config": asdict(cfg),
+    }

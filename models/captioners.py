@@ -1,0 +1,352 @@
+"""Stylized image captioners: NIC and a transformer decoder, both conditioned on a style token.
+
+Step 4 of ERG trains captioners on the original stylized pairs plus the augmented pairs and compares them. A
+caption is fed to the decoder as ``<style:s> <bos> w_1 .. w_T <eos>``: the style token embedding is prepended, so
+one model writes every style and the style token alone decides which one.
+
+- :class:`NICCaptioner` (Show and Tell): the image feature vector goes through a linear layer and is the LSTM's
+  first input, which sets its state before the style token and the words follow. Region features are mean-pooled.
+- :class:`TransformerCaptioner` (SAN-like): an ``nn.TransformerDecoder`` whose cross-attention reads the projected
+  image features, a sequence ``[n_regions, d]`` (region or CLIP features; a single vector is one region).
+
+Features are ``[batch, d]`` or ``[batch, n_regions, d]``; ``region_padding_mask`` (``[batch, n_regions]``, True
+where a region is padding) marks missing regions when images have different numbers of them.
+"""
+from __future__ import annotations
+
+import inspect
+import json
+import math
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from models.text import caption_words
+
+PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
+SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
+CAPTIONER_KINDS = ("nic", "transformer")
+PREFIX_LENGTH = 2  # <style:s> <bos>
+
+_CONFIG_FILE = "captioner.json"
+_VOCAB_FILE = "vocab.json"
+_WEIGHTS_FILE = "model.safetensors"
+
+
+def style_token(style: str) -> str:
+    """The vocabulary token of a style, e.g. ``<style:humor>``."""
+    return f"<style:{style}>"
+
+
+class CaptionVocab:
+    """Words of the training captions (those seen ``min_count`` times), the special tokens and one token per style.
+
+    Token ids: ``<pad>`` 0, ``<bos>`` 1, ``<eos>`` 2, ``<unk>`` 3, then the style tokens in the given order, then the
+    words by descending count (ties alphabetical), so the same captions always give the same ids on every worker.
+    """
+
+    def __init__(self, words: Sequence[str], styles: Sequence[str]) -> None:
+        styles = [_check_style(s) for s in styles]
+        if not styles:
+            raise ValueError("a CaptionVocab needs at least one style, e.g. ['humor', 'romantic']")
+        if len(set(styles)) != len(styles):
+            raise ValueError(f"styles must be unique, got {styles}")
+        words = list(words)
+        clashes = sorted(set(words) & (set(SPECIAL_TOKENS) | {style_token(s) for s in styles}))
+        if clashes or len(set(words)) != len(words):
+            raise ValueError(f"words must be unique and must not be special or style tokens, got clashes {clashes}")
+        self.styles: tuple[str, ...] = tuple(styles)
+        self.itos: tuple[str, ...] = (*SPECIAL_TOKENS, *(style_token(s) for s in styles), *words)
+        self.stoi: dict[str, int] = {token: i for i, token in enumerate(self.itos)}
+        self.pad_id, self.bos_id, self.eos_id, self.unk_id = (self.stoi[t] for t in SPECIAL_TOKENS)
+        self.style_ids: tuple[int, ...] = tuple(self.stoi[style_token(s)] for s in styles)
+
+    @classmethod
+    def build(cls, captions: Iterable[str], styles: Iterable[str], min_count: int = 1) -> CaptionVocab:
+        """Vocabulary of ``captions`` (words seen at least ``min_count`` times) with a token for each of ``styles``."""
+        if not isinstance(min_count, int) or min_count < 1:
+            raise ValueError(f"min_count must be an integer >= 1, got {min_count!r}")
+        counts = Counter(word for caption in captions for word in caption_words(caption))
+        reserved = set(SPECIAL_TOKENS)
+        kept = sorted((w for w, n in counts.items() if n >= min_count and w not in reserved),
+                      key=lambda w: (-counts[w], w))
+        return cls(kept, list(dict.fromkeys(styles)))
+
+    def __len__(self) -> int:
+        return len(self.itos)
+
+    @property
+    def words(self) -> tuple[str, ...]:
+        """The regular words, without special and style tokens."""
+        return self.itos[len(SPECIAL_TOKENS) + len(self.styles):]
+
+    def style_id(self, style: str) -> int:
+        """Token id of ``style``; ValueError naming the known styles if it has none."""
+        token = style_token(style)
+        if token not in self.stoi:
+            raise ValueError(f"unknown style {style!r}: this vocabulary knows {list(self.styles)}")
+        return self.stoi[token]
+
+    def encode(self, caption: str, style: str, max_words: int | None = None) -> list[int]:
+        """``<style:s> <bos> w_1 .. w_T <eos>`` as ids; unknown words become ``<unk>``, at most ``max_words`` words."""
+        words = caption_words(caption)
+        if max_words is not None:
+            if max_words < 1:
+                raise ValueError(f"max_words must be >= 1 or None, got {max_words}")
+            words = words[:max_words]
+        return [self.style_id(style), self.bos_id, *(self.stoi.get(w, self.unk_id) for w in words), self.eos_id]
+
+    def encode_batch(self, captions: Sequence[str], styles: Sequence[str],
+                     max_words: int | None = None) -> torch.Tensor:
+        """Encoded captions right-padded with ``<pad>`` into a ``[batch, T]`` long tensor."""
+        if len(captions) != len(styles):
+            raise ValueError(f"captions and styles differ in length: {len(captions)} vs {len(styles)}")
+        rows = [self.encode(c, s, max_words) for c, s in zip(captions, styles)]
+        width = max((len(r) for r in rows), default=PREFIX_LENGTH + 1)
+        out = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        for i, row in enumerate(rows):
+            out[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+        return out
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Words of a token sequence up to the first ``<eos>``; pad, bos and style tokens are skipped."""
+        skipped = {self.pad_id, self.bos_id, *self.style_ids}
+        words: list[str] = []
+        for i in ids:
+            if i == self.eos_id:
+                break
+            if not 0 <= i < len(self.itos):
+                raise ValueError(f"token id {i} is outside the vocabulary (size {len(self.itos)})")
+            if i not in skipped:
+                words.append(self.itos[i])
+        return " ".join(words)
+
+    def to_dict(self) -> dict[str, list[str]]:
+        """JSON-serialisable form: ``{"styles": [...], "words": [...]}``."""
+        return {"styles": list(self.styles), "words": list(self.words)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CaptionVocab:
+        """Inverse of :meth:`to_dict`."""
+        if not isinstance(data, dict) or set(data) != {"styles", "words"}:
+            raise ValueError("a CaptionVocab dict has exactly the keys 'styles' and 'words'")
+        return cls(data["words"], data["styles"])
+
+    def save(self, path: str | Path) -> None:
+        """Write the vocabulary as JSON."""
+        Path(path).write_text(json.dumps(self.to_dict(), ensure_ascii=False), encoding="utf-8")
+
+    @classmethod
+    def load(cls, path: str | Path) -> CaptionVocab:
+        """Read a vocabulary written by :meth:`save`."""
+        return cls.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
+
+
+def _check_style(style: str) -> str:
+    if not isinstance(style, str) or not style.strip() or any(ch.isspace() or ch in "<>" for ch in style):
+        raise ValueError(f"a style name is a non-empty string without spaces or '<>', got {style!r}")
+    return style
+
+
+def _as_regions(features: torch.Tensor, feature_dim: int) -> torch.Tensor:
+    """``[B, d]`` -> ``[B, 1, d]``; ``[B, R, d]`` unchanged; anything else is a ValueError."""
+    if features.dim() == 2:
+        features = features.unsqueeze(1)
+    if features.dim() != 3 or features.shape[-1] != feature_dim:
+        raise ValueError(f"features must be [batch, {feature_dim}] or [batch, n_regions, {feature_dim}], "
+                         f"got shape {tuple(features.shape)}")
+    return features
+
+
+class Captioner(nn.Module):
+    """A style-conditioned captioner: ``forward(features, tokens)`` gives next-token logits ``[B, T, vocab]``.
+
+    ``tokens`` is the decoder input (starting ``<style:s> <bos>``); logit ``t`` predicts token ``t + 1``.
+    """
+
+    kind: str = ""
+
+    def __init__(self, feature_dim: int, vocab: CaptionVocab, hparams: dict[str, Any]) -> None:
+        super().__init__()
+        self.feature_dim = feature_dim
+        self.vocab = vocab
+        self.hparams = dict(hparams)
+
+
+class NICCaptioner(Captioner):
+    """Show and Tell: the projected image vector is the LSTM's first input, then the style token and the words."""
+
+    kind = "nic"
+
+    def __init__(self, feature_dim: int, vocab: CaptionVocab, embed_dim: int = 256, hidden_dim: int = 512,
+                 num_layers: int = 1, dropout: float = 0.1) -> None:
+        super().__init__(feature_dim, vocab, {"embed_dim": embed_dim, "hidden_dim": hidden_dim,
+                                              "num_layers": num_layers, "dropout": dropout})
+        self.image_proj = nn.Linear(feature_dim, embed_dim)
+        self.embed = nn.Embedding(len(vocab), embed_dim, padding_idx=vocab.pad_id)
+        self.lstm = nn.LSTM(embed_dim, hidden_dim, num_layers, batch_first=True,
+                            dropout=dropout if num_layers > 1 else 0.0)
+        self.dropout = nn.Dropout(dropout)
+        self.out = nn.Linear(hidden_dim, len(vocab))
+
+    def forward(self, features: torch.Tensor, tokens: torch.Tensor,
+                region_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+        regions = _as_regions(features, self.feature_dim)
+        if region_padding_mask is None:
+            pooled = regions.mean(dim=1)
+        else:
+            keep = (~region_padding_mask).unsqueeze(-1).to(regions.dtype)
+            pooled = (regions * keep).sum(dim=1) / keep.sum(dim=1).clamp(min=1.0)
+        image = self.image_proj(pooled).unsqueeze(1)
+        hidden, _ = self.lstm(self.dropout(torch.cat([image, self.embed(tokens)], dim=1)))
+        return self.out(self.dropout(hidden[:, 1:]))
+
+
+class TransformerCaptioner(Captioner):
+    """Transformer decoder over projected region features (cross-attention), causal self-attention over tokens."""
+
+    kind = "transformer"
+
+    def __init__(self, feature_dim: int, vocab: CaptionVocab, d_model: int = 256, nhead: int = 4, num_layers: int = 2,
+                 dim_feedforward: int = 1024, dropout: float = 0.1, max_len: int = 64) -> None:
+        if d_model % nhead:
+            raise ValueError(f"d_model ({d_model}) must be divisible by nhead ({nhead})")
+        if max_len <= PREFIX_LENGTH:
+            raise ValueError(f"max_len must exceed the {PREFIX_LENGTH}-token style prefix, got {max_len}")
+        super().__init__(feature_dim, vocab, {"d_model": d_model, "nhead": nhead, "num_layers": num_layers,
+                                              "dim_feedforward": dim_feedforward, "dropout": dropout,
+                                              "max_len": max_len})
+        self.feature_proj = nn.Sequential(nn.Linear(feature_dim, d_model), nn.ReLU(), nn.Dropout(dropout),
+                                          nn.LayerNorm(d_model))
+        self.embed = nn.Embedding(len(vocab), d_model, padding_idx=vocab.pad_id)
+        self.position = nn.Embedding(max_len, d_model)
+        layer = nn.TransformerDecoderLayer(d_model, nhead, dim_feedforward, dropout, batch_first=True, norm_first=True)
+        self.decoder = nn.TransformerDecoder(layer, num_layers, norm=nn.LayerNorm(d_model))
+        self.out = nn.Linear(d_model, len(vocab))
+        self.scale = math.sqrt(d_model)
+
+    def forward(self, features: torch.Tensor, tokens: torch.Tensor,
+                region_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+        memory = self.feature_proj(_as_regions(features, self.feature_dim))
+        length = tokens.shape[1]
+        if length > self.hparams["max_len"]:
+            raise ValueError(f"token sequence of length {length} exceeds this model's max_len "
+                             f"{self.hparams['max_len']}")
+        positions = torch.arange(length, device=tokens.device)
+        x = self.embed(tokens) * self.scale + self.position(positions)
+        causal = torch.triu(torch.ones(length, length, dtype=torch.bool, device=tokens.device), diagonal=1)
+        hidden = self.decoder(x, memory, tgt_mask=causal, tgt_is_causal=True,
+                              tgt_key_padding_mask=tokens == self.vocab.pad_id,
+                              memory_key_padding_mask=region_padding_mask)
+        return self.out(hidden)
+
+
+_CAPTIONERS: dict[str, type[Captioner]] = {"nic": NICCaptioner, "transformer": TransformerCaptioner}
+
+
+def captioner_hparams(kind: str) -> dict[str, Any]:
+    """The hyper-parameters a captioner kind takes, with their defaults."""
+    if kind not in _CAPTIONERS:
+        raise ValueError(f"captioner kind must be one of {list(CAPTIONER_KINDS)}, got {kind!r}")
+    params = inspect.signature(_CAPTIONERS[kind].__init__).parameters
+    return {name: p.default for name, p in params.items() if name not in ("self", "feature_dim", "vocab")}
+
+
+def build_captioner(kind: str, feature_dim: int, vocab: CaptionVocab, **hparams: Any) -> Captioner:
+    """A new captioner of ``kind`` ("nic" or "transformer") over ``feature_dim``-dimensional image features."""
+    allowed = captioner_hparams(kind)
+    unknown = sorted(set(hparams) - set(allowed))
+    if unknown:
+        raise ValueError(f"unknown hyper-parameters {unknown} for captioner {kind!r}; allowed: {sorted(allowed)}")
+    if not isinstance(feature_dim, int) or feature_dim < 1:
+        raise ValueError(f"feature_dim must be a positive integer, got {feature_dim!r}")
+    for name, value in hparams.items():
+        if name == "dropout":
+            if not 0.0 <= float(value) < 1.0:
+                raise ValueError(f"dropout must be in [0, 1), got {value!r}")
+        elif not isinstance(value, int) or value < 1:
+            raise ValueError(f"hyper-parameter {name} must be a positive integer, got {value!r}")
+    return _CAPTIONERS[kind](feature_dim, vocab, **hparams)
+
+
+def teacher_forcing_loss(model: nn.Module, features: torch.Tensor, tokens: torch.Tensor, pad_id: int,
+                         region_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean cross-entropy of the caption words and ``<eos>`` given the image, style and previous words.
+
+    ``model`` may be a captioner or its DDP wrapper (so the call goes through the wrapper's forward);
+    ``tokens`` are full encoded captions from :meth:`CaptionVocab.encode_batch`.
+    """
+    logits = model(features, tokens[:, :-1], region_padding_mask)
+    targets = tokens[:, 1:].clone()
+    targets[:, 0] = pad_id  # <bos> after the style token is given, not predicted
+    return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=pad_id)
+
+
+def greedy_decode(model: Captioner, features: torch.Tensor, style: str | Sequence[str], max_len: int = 20,
+                  region_padding_mask: torch.Tensor | None = None) -> list[str]:
+    """Greedy captions for a batch of images in ``style`` (one style for all, or one per image).
+
+    At most ``max_len`` tokens are generated per image (``<eos>`` included); ``<pad>``, ``<bos>`` and style tokens
+    are never emitted. The model's train/eval mode is restored afterwards.
+    """
+    vocab = model.vocab
+    if max_len < 1:
+        raise ValueError(f"max_len must be >= 1, got {max_len}")
+    if isinstance(model, TransformerCaptioner) and PREFIX_LENGTH + max_len - 1 > model.hparams["max_len"]:
+        raise ValueError(f"max_len {max_len} needs {PREFIX_LENGTH + max_len - 1} positions; this transformer has "
+                         f"{model.hparams['max_len']} (max_len <= {model.hparams['max_len'] - PREFIX_LENGTH + 1})")
+    device = next(model.parameters()).device
+    features = _as_regions(torch.as_tensor(features, dtype=torch.float32), model.feature_dim).to(device)
+    batch = features.shape[0]
+    styles = [style] * batch if isinstance(style, str) else list(style)
+    if len(styles) != batch:
+        raise ValueError(f"got {len(styles)} styles for {batch} images: give one style or one per image")
+    tokens = torch.tensor([[vocab.style_id(s), vocab.bos_id] for s in styles], dtype=torch.long, device=device)
+    if region_padding_mask is not None:
+        region_padding_mask = region_padding_mask.to(device)
+    banned = torch.tensor([vocab.pad_id, vocab.bos_id, *vocab.style_ids], device=device)
+    finished = torch.zeros(batch, dtype=torch.bool, device=device)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            for _ in range(max_len):
+                logits = model(features, tokens, region_padding_mask)[:, -1]
+                logits[:, banned] = float("-inf")
+                next_ids = logits.argmax(dim=-1).masked_fill(finished, vocab.pad_id)
+                tokens = torch.cat([tokens, next_ids.unsqueeze(1)], dim=1)
+                finished |= next_ids == vocab.eos_id
+                if bool(finished.all()):
+                    break
+    finally:
+        model.train(was_training)
+    return [vocab.decode(row) for row in tokens.tolist()]
+
+
+def save_captioner(model: Captioner, directory: str | Path) -> Path:
+    """Write ``captioner.json`` (kind, feature_dim, hparams), ``vocab.json`` and ``model.safetensors``."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    config = {"kind": model.kind, "feature_dim": model.feature_dim, "hparams": model.hparams}
+    (directory / _CONFIG_FILE).write_text(json.dumps(config, indent=2), encoding="utf-8")
+    model.vocab.save(directory / _VOCAB_FILE)
+    save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, str(directory / _WEIGHTS_FILE))
+    return directory
+
+
+def load_captioner(directory: str | Path, device: str | torch.device = "cpu") -> Captioner:
+    """A captioner saved by :func:`save_captioner` (or by training), in eval mode on ``device``."""
+    directory = Path(directory)
+    missing = [name for name in (_CONFIG_FILE, _VOCAB_FILE, _WEIGHTS_FILE) if not (directory / name).is_file()]
+    if missing:
+        raise ValueError(f"{directory} is not a saved captioner: missing {missing}")
+    config = json.loads((directory / _CONFIG_FILE).read_text(encoding="utf-8"))
+    model = build_captioner(config["kind"], config["feature_dim"], CaptionVocab.load(directory / _VOCAB_FILE),
+                            **config["hparams"])
+    model.load_state_dict(load_file(str(directory / _WEIGHTS_FILE)))
+    return model.to(device).eval()

@@ -1,0 +1,160 @@
+"""Captioners: the caption vocabulary, NIC and transformer forward passes, style conditioning, greedy decoding,
+the teacher-forcing loss and saving/loading, on tiny real torch models."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from models.captioners import (CaptionVocab, NICCaptioner, TransformerCaptioner, build_captioner, greedy_decode,
+                               load_captioner, save_captioner, style_token, teacher_forcing_loss)
+
+torch.set_num_threads(1)
+
+CAPTIONS = ["A dog runs on the grass.", "a dog sleeps", "a cat sleeps on the sofa", "two kids play"]
+STYLES = ["humor", "romantic"]
+TINY = {"nic": {"embed_dim": 16, "hidden_dim": 24}, "transformer": {"d_model": 16, "nhead": 2, "num_layers": 1,
+                                                                     "dim_feedforward": 32, "max_len": 24}}
+
+
+@pytest.fixture()
+def vocab() -> CaptionVocab:
+    return CaptionVocab.build(CAPTIONS, STYLES, min_count=1)
+
+
+def tiny(kind: str, vocab: CaptionVocab, feature_dim: int = 8) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return build_captioner(kind, feature_dim, vocab, dropout=0.0, **TINY[kind])
+
+
+def test_vocab_ids_counts_and_min_count(vocab: CaptionVocab) -> None:
+    assert vocab.itos[:4] == ("<pad>", "<bos>", "<eos>", "<unk>")
+    assert (vocab.pad_id, vocab.bos_id, vocab.eos_id, vocab.unk_id) == (0, 1, 2, 3)
+    assert vocab.itos[4:6] == (style_token("humor"), style_token("romantic")) == ("<style:humor>", "<style:romantic>")
+    # "a" x3, then "dog", "on", "sleeps", "the" x2 (alphabetical among ties), then the single words
+    assert vocab.words[:5] == ("a", "dog", "on", "sleeps", "the")
+    assert len(vocab) == 4 + 2 + 12
+    frequent = CaptionVocab.build(CAPTIONS, STYLES, min_count=2)
+    assert frequent.words == ("a", "dog", "on", "sleeps", "the")
+
+
+def test_vocab_encode_decode_round_trip(vocab: CaptionVocab) -> None:
+    ids = vocab.encode("A cat sleeps on the SOFA.", "romantic")
+    assert ids[0] == vocab.style_id("romantic") and ids[1] == vocab.bos_id and ids[-1] == vocab.eos_id
+    assert len(ids) == 2 + 6 + 1
+    assert vocab.decode(ids) == "a cat sleeps on the sofa"
+    assert vocab.encode("a zebra", "humor")[3] == vocab.unk_id
+    assert vocab.decode(vocab.encode("one three four five", "humor", max_words=2)) == "<unk> <unk>"
+    batch = vocab.encode_batch(["a dog", "a cat sleeps on the sofa"], ["humor", "romantic"])
+    assert batch.shape == (2, 9) and batch.dtype == torch.long
+    assert batch[0, 5:].tolist() == [vocab.pad_id] * 4
+    assert CaptionVocab.from_dict(vocab.to_dict()).itos == vocab.itos
+
+
+def test_vocab_rejects_bad_input(vocab: CaptionVocab) -> None:
+    with pytest.raises(ValueError, match="unknown style 'sad'.*humor"):
+        vocab.encode("a dog", "sad")
+    with pytest.raises(ValueError, match="min_count"):
+        CaptionVocab.build(CAPTIONS, STYLES, min_count=0)
+    with pytest.raises(ValueError, match="style name"):
+        CaptionVocab.build(CAPTIONS, ["very funny"])
+    with pytest.raises(ValueError, match="at least one style"):
+        CaptionVocab.build(CAPTIONS, [])
+    with pytest.raises(ValueError, match="differ in length"):
+        vocab.encode_batch(["a dog"], ["humor", "romantic"])
+
+
+@pytest.mark.parametrize("kind", ["nic", "transformer"])
+def test_forward_shapes_for_vectors_and_regions(kind: str, vocab: CaptionVocab) -> None:
+    model = tiny(kind, vocab)
+    tokens = vocab.encode_batch(CAPTIONS[:3], ["humor", "romantic", "humor"])
+    assert model(torch.randn(3, 8), tokens).shape == (3, tokens.shape[1], len(vocab))
+    assert model(torch.randn(3, 5, 8), tokens).shape == (3, tokens.shape[1], len(vocab))
+    with pytest.raises(ValueError, match=r"features must be \[batch, 8\]"):
+        model(torch.randn(3, 7), tokens)
+
+
+@pytest.mark.parametrize("kind", ["nic", "transformer"])
+def test_padded_regions_are_ignored(kind: str, vocab: CaptionVocab) -> None:
+    model = tiny(kind, vocab).eval()
+    tokens = vocab.encode_batch(["a dog sleeps"], ["humor"])
+    regions = torch.randn(1, 3, 8)
+    padded = torch.cat([regions, 100 * torch.randn(1, 2, 8)], dim=1)
+    mask = torch.tensor([[False, False, False, True, True]])
+    torch.testing.assert_close(model(padded, tokens, mask), model(regions, tokens), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["nic", "transformer"])
+def test_style_token_changes_the_prediction_and_decoding_is_causal(kind: str, vocab: CaptionVocab) -> None:
+    model = tiny(kind, vocab).eval()
+    features = torch.randn(1, 8)
+    humor = vocab.encode_batch(["a dog sleeps"], ["humor"])
+    romantic = vocab.encode_batch(["a dog sleeps"], ["romantic"])
+    assert (humor[:, 1:] == romantic[:, 1:]).all() and humor[0, 0] != romantic[0, 0]
+    delta = (model(features, humor) - model(features, romantic)).abs()
+    assert delta[0, 1:].amax(dim=-1).min() > 1e-4  # every word position sees the style token
+    later = humor.clone()
+    later[0, -1] = vocab.stoi["cat"]
+    torch.testing.assert_close(model(features, later)[:, :-1], model(features, humor)[:, :-1])
+
+
+def test_teacher_forcing_loss_matches_cross_entropy(vocab: CaptionVocab) -> None:
+    model = tiny("transformer", vocab).eval()
+    features, tokens = torch.randn(2, 8), vocab.encode_batch(["a dog", "a cat sleeps"], ["humor", "romantic"])
+    loss = teacher_forcing_loss(model, features, tokens, vocab.pad_id)
+    logits = model(features, tokens[:, :-1])
+    log_probs = torch.log_softmax(logits, dim=-1)
+    # targets: "a dog <eos>" and "a cat sleeps <eos>" at positions 1.. (position 0 would predict <bos>)
+    picked = [log_probs[0, t, tokens[0, t + 1]] for t in range(1, 4)]
+    picked += [log_probs[1, t, tokens[1, t + 1]] for t in range(1, 5)]
+    assert loss.item() == pytest.approx(-torch.stack(picked).mean().item(), rel=1e-5)
+    assert abs(loss.item() - math.log(len(vocab))) < 1.5  # an untrained model is near uniform
+
+
+@pytest.mark.parametrize("kind", ["nic", "transformer"])
+def test_greedy_decode_batch_and_modes(kind: str, vocab: CaptionVocab) -> None:
+    model = tiny(kind, vocab).train()
+    captions = greedy_decode(model, torch.randn(3, 8), ["humor", "romantic", "humor"], max_len=6)
+    assert len(captions) == 3 and model.training
+    for caption in captions:
+        words = caption.split()
+        assert len(words) <= 6
+        assert all(w in vocab.words or w == "<unk>" for w in words)
+    with pytest.raises(ValueError, match="2 styles for 3 images"):
+        greedy_decode(model, torch.randn(3, 8), ["humor", "romantic"])
+    with pytest.raises(ValueError, match="unknown style"):
+        greedy_decode(model, torch.randn(1, 8), "sad")
+
+
+def test_transformer_decode_length_limit(vocab: CaptionVocab) -> None:
+    model = tiny("transformer", vocab)
+    with pytest.raises(ValueError, match="max_len 30 needs 31 positions"):
+        greedy_decode(model, torch.randn(1, 8), "humor", max_len=30)
+
+
+def test_build_captioner_rejects_bad_arguments(vocab: CaptionVocab) -> None:
+    with pytest.raises(ValueError, match=r"kind must be one of \['nic', 'transformer'\]"):
+        build_captioner("updown", 8, vocab)
+    with pytest.raises(ValueError, match="unknown hyper-parameters.*hidden_size"):
+        build_captioner("nic", 8, vocab, hidden_size=8)
+    with pytest.raises(ValueError, match="divisible by nhead"):
+        build_captioner("transformer", 8, vocab, d_model=10, nhead=4)
+    with pytest.raises(ValueError, match="feature_dim"):
+        build_captioner("nic", 0, vocab)
+    with pytest.raises(ValueError, match="dropout"):
+        build_captioner("nic", 8, vocab, dropout=1.5)
+    assert isinstance(build_captioner("nic", 8, vocab), NICCaptioner)
+    assert isinstance(build_captioner("transformer", 8, vocab), TransformerCaptioner)
+
+
+@pytest.mark.parametrize("kind", ["nic", "transformer"])
+def test_save_and_load_give_the_same_model(kind: str, vocab: CaptionVocab, tmp_path) -> None:
+    model = tiny(kind, vocab).eval()
+    save_captioner(model, tmp_path / "cap")
+    loaded = load_captioner(tmp_path / "cap")
+    assert loaded.kind == kind and loaded.vocab.itos == vocab.itos and loaded.hparams == model.hparams
+    features, tokens = torch.randn(2, 8), vocab.encode_batch(CAPTIONS[:2], STYLES)
+    torch.testing.assert_close(loaded(features, tokens), model(features, tokens))
+    with pytest.raises(ValueError, match="not a saved captioner"):
+        load_captioner(tmp_path)
