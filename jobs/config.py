@@ -137,6 +137,7 @@ class RetrieveConf(_Section):
     top_k: int = Field(5, ge=1)
     min_similarity: float = Field(0.6, ge=-1, le=1, description="keep hits with cosine similarity > this")
     index: IndexConf = Field(default_factory=IndexConf)
+    exclude_same_image: bool = Field(True, description="drop hits whose scene shows the query's own image")
     examples_to_log: int = Field(8, ge=0)
 
 

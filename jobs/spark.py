@@ -32,6 +32,8 @@ def get_spark(cfg: ErgConfig):
     # Executors (python workers) must run the interpreter that has torch/transformers installed.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    # local[*] runs one Python worker per core: one torch thread each (see udfs.runtime.limit_threads)
+    os.environ.setdefault("ERG_TORCH_THREADS", "1")
     home = Path(cfg.home)
     home.mkdir(parents=True, exist_ok=True)
     builder = (

@@ -1,0 +1,71 @@
+"""What every model UDF shares: the device Spark assigned to the task, and one model per executor process.
+
+Iterator pandas UDFs call :func:`cached_model` with a key and a loader: the loader runs once per Python worker
+(``spark.python.worker.reuse`` keeps workers alive across tasks), later batches and tasks reuse the model. On a
+GPU executor :func:`task_device` returns the GPU that Spark assigned to this task
+(``spark.task.resource.gpu.amount``), so concurrent tasks on one executor do not pile onto ``cuda:0``.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any, Callable, Iterable, Iterator, TypeVar
+
+import pandas as pd
+
+_MODELS: dict[tuple, Any] = {}
+_LOCK = threading.Lock()
+T = TypeVar("T")
+
+
+def task_device(preferred: str = "auto") -> str:
+    """``cuda:<addr>`` from the task's GPU resource when Spark assigned one, else what ``preferred`` resolves to."""
+    from models.backbones import pick_device
+
+    if preferred == "auto":
+        try:
+            from pyspark import TaskContext
+
+            ctx = TaskContext.get()
+            gpus = ctx.resources().get("gpu") if ctx is not None else None
+            if gpus is not None and gpus.addresses:
+                import torch
+
+                if torch.cuda.is_available():
+                    return f"cuda:{int(gpus.addresses[0]) % torch.cuda.device_count()}"
+        except Exception:  # noqa: BLE001 - no task context outside Spark: fall back below
+            pass
+    return str(pick_device(preferred))
+
+
+def cached_model(key: tuple, loader: Callable[[], T]) -> T:
+    """The model for ``key`` in this process, loaded by ``loader`` on first use."""
+    with _LOCK:
+        if key not in _MODELS:
+            _MODELS[key] = loader()
+        return _MODELS[key]
+
+
+def limit_threads() -> None:
+    """One torch thread per Python worker when Spark runs several workers per machine (local[*])."""
+    import torch
+
+    threads = int(os.environ.get("ERG_TORCH_THREADS", "0") or 0)
+    if threads > 0 and torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+
+
+def rebatch(frames: Iterable[pd.DataFrame], size: int) -> Iterator[pd.DataFrame]:
+    """Re-cut Arrow batches into model batches of ``size`` rows (the last may be smaller)."""
+    pending: list[pd.DataFrame] = []
+    count = 0
+    for frame in frames:
+        pending.append(frame)
+        count += len(frame)
+        while count >= size:
+            whole = pd.concat(pending, ignore_index=True)
+            yield whole.iloc[:size].reset_index(drop=True)
+            rest = whole.iloc[size:].reset_index(drop=True)
+            pending, count = ([rest] if len(rest) else []), len(rest)
+    if count:
+        yield pd.concat(pending, ignore_index=True)
