@@ -91,6 +91,17 @@ class SampleConf(_Section):
 
 class IngestConf(_Section):
     sources: list[IngestSource] = Field(default_factory=list, description="files to ingest; empty = the sample")
+    split_fractions: dict[str, float] = Field(
+        default_factory=lambda: {"train": 0.8, "val": 0.1, "test": 0.1},
+        description="rows whose source gives no split get one by a hash of their image id (train/val/test)")
+
+    @field_validator("split_fractions")
+    @classmethod
+    def _fractions(cls, value: dict[str, float]) -> dict[str, float]:
+        if set(value) != {"train", "val", "test"} or any(v < 0 for v in value.values()) \
+                or abs(sum(value.values()) - 1) > 1e-6:
+            raise ValueError("needs train, val and test, each >= 0, summing to 1")
+        return value
 
 
 class ClassifierConf(_Section):

@@ -11,7 +11,7 @@ import pandas as pd
 from pyspark.sql import SparkSession
 
 from jobs.config import ErgConfig, IngestSource
-from jobs.readers import ReadResult, Reader
+from jobs.readers import ReadResult, Reader, stable_id
 from jobs.sample import sample_exists, sample_sources, write_sample
 from jobs.tables import TABLES, merge_rows
 from jobs.tracking import job_run, log_counts
@@ -28,6 +28,22 @@ def read_sources(cfg: ErgConfig, sources: list[IngestSource]) -> tuple[ReadResul
         per_source[f"{source.name or source.format}:{source.path.rsplit('/', 1)[-1]}"] = result.counts()
         total.extend(result)
     return total, per_source
+
+
+def assign_splits(frame: pd.DataFrame, fractions: dict[str, float]) -> pd.DataFrame:
+    """Rows without a split get train/val/test by a hash of their image id: one image, one split everywhere."""
+    if "split" not in frame.columns or frame.empty or frame["split"].notna().all():
+        return frame
+    bounds = (fractions["train"], fractions["train"] + fractions["val"])
+
+    def split_of(image_id: str) -> str:
+        u = int(stable_id("split", image_id, length=8), 16) / 16 ** 8
+        return "train" if u < bounds[0] else "val" if u < bounds[1] else "test"
+
+    frame = frame.copy()
+    missing = frame["split"].isna()
+    frame.loc[missing, "split"] = frame.loc[missing, "image_id"].map(split_of)
+    return frame
 
 
 def _to_spark(spark: SparkSession, frame: pd.DataFrame, table: str, run_id: str, now: dt.datetime):
@@ -55,6 +71,7 @@ def ingest(spark: SparkSession, cfg: ErgConfig, sources: list[IngestSource] | No
         now = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
         counts: dict[str, int] = {}
         for table, frame in result.frames().items():
+            frame = assign_splits(frame, cfg.ingest.split_fractions)
             df = _to_spark(spark, frame, table, run.info.run_id, now)
             stats = merge_rows(spark, cfg, table, df,
                                fill_nulls=("uri", "tags", "width", "height") if table == "images" else ())

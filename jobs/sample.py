@@ -177,15 +177,15 @@ def sample_sources(cfg: ErgConfig) -> list[IngestSource]:
     return [
         IngestSource(format="senticap_json", path=str(root / "senticap" / "senticap.json"), name="sample_senticap",
                      image_root=images),
-        IngestSource(format="flickrstyle", style="humor", path=str(fs / "funny_train.txt"), split="train",
+        IngestSource(format="flickrstyle", style="humor", path=str(fs / "funny_train.txt"),
                      image_names=str(fs / "image_names_humor.txt"), name="sample_flickrstyle", image_root=images),
-        IngestSource(format="flickrstyle", style="romantic", path=str(fs / "romantic_train.txt"), split="train",
+        IngestSource(format="flickrstyle", style="romantic", path=str(fs / "romantic_train.txt"),
                      encoding="latin-1", image_names=str(fs / "image_names_romantic.txt"), name="sample_flickrstyle",
                      image_root=images),
         IngestSource(format="flickr30k_tokens", path=str(fs / "factual_train.txt"), name="sample_flickr30k",
-                     split="train", image_root=images),
+                     image_root=images),
         IngestSource(format="coco_captions", path=str(root / "coco" / "captions_sample.json"), name="sample_coco",
-                     split="train", image_root=images),
+                     image_root=images),
         IngestSource(format="image_manifest", path=str(root / "images.jsonl"), name="sample_images"),
     ]
 

@@ -95,6 +95,29 @@ def register_tables(spark: SparkSession, cfg: ErgConfig) -> None:
     spark.sql(f"CREATE SCHEMA IF NOT EXISTS {prefix}")
     for table in TABLES:
         ensure_table(spark, cfg, table)
+    create_training_set_view(spark, cfg)
+
+
+def create_training_set_view(spark: SparkSession, cfg: ErgConfig) -> str:
+    """``training_set``: the original stylized pairs plus the augmented captions that passed every filter.
+
+    ``origin`` tells them apart ('original' / 'augmented'); augmented pairs are training data only, and never
+    come from an image of the val/test split of the stylized set.
+    """
+    name = table_name(cfg, "training_set")
+    stylized, augmented = table_name(cfg, "stylized_captions"), table_name(cfg, "augmented_captions")
+    spark.sql(f"""
+        CREATE OR REPLACE VIEW {name} AS
+        SELECT scene_id AS pair_id, image_id, image_uri, caption, style, split, 'original' AS origin, run_id
+        FROM {stylized}
+        UNION ALL
+        SELECT concat_ws('|', a.query_id, a.scene_id, a.retrieval_type, a.generator_version) AS pair_id,
+               a.image_id, a.image_uri, a.generated_caption AS caption, a.style, 'train' AS split,
+               'augmented' AS origin, a.run_id
+        FROM {augmented} a
+        WHERE a.passed AND a.image_id NOT IN (SELECT image_id FROM {stylized} WHERE split IN ('val', 'test'))
+    """)
+    return name
 
 
 def ensure_table(spark: SparkSession, cfg: ErgConfig, table: str) -> str:

@@ -41,3 +41,17 @@ def test_sample_is_deterministic_and_readable(tmp_path, monkeypatch):
     assert frames["images"]["tags"].notna().all()
     # scenes are shared: every stylized caption's image also has factual captions
     assert set(frames["stylized_captions"]["image_id"]) <= set(frames["factual_captions"]["image_id"])
+
+
+def test_splits_follow_the_image(tmp_path, monkeypatch):
+    import pandas as pd
+
+    from jobs.ingest import assign_splits
+
+    frame = pd.DataFrame({"image_id": [f"img{i}" for i in range(2000)] * 2, "split": [None] * 3999 + ["val"]})
+    out = assign_splits(frame, {"train": 0.8, "val": 0.1, "test": 0.1})
+    assert out["split"].iloc[-1] == "val"  # a given split is kept
+    shares = out["split"].iloc[:2000].value_counts(normalize=True)
+    assert 0.75 < shares["train"] < 0.85 and 0.07 < shares["test"] < 0.13
+    # the same image gets the same split wherever it appears
+    assert (out["split"].iloc[:1999].values == out["split"].iloc[2000:3999].values).all()
