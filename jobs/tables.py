@@ -52,6 +52,7 @@ TABLES: dict[str, TableSpec] = {spec.name: spec for spec in [
     TableSpec("style_phrases", ("scene_id",), _schema(
         ("scene_id", _S, False), ("style", _S, False), ("caption", _S, False), ("tokens", T.ArrayType(_S), False),
         ("importance", T.ArrayType(_D), False), ("style_phrase", _S, False), ("phrase_words", T.ArrayType(_S), False),
+        ("phrase_mask", T.ArrayType(_B), False),
         ("content", _S, False), ("layer", _I, False), ("head", _I, False), ("eps", _D, False),
         ("classifier_version", _S, False), ("run_id", _S, False), ("created_at", _TS, False)),
         "D'_s: the style phrase e^s and content of each stylized caption under the selected head (l_s, h_s)"),

@@ -63,17 +63,32 @@ def job_run(cfg: ErgConfig, job: str, *, sections: tuple[str, ...] = (), params:
 def log_counts(counts: dict[str, float], step: int | None = None) -> None:
     import mlflow
 
-    clean = {k.replace(" ", "_").replace("/", "."): float(v) for k, v in counts.items() if v is not None}
+    clean = {k.replace(" ", "_"): float(v) for k, v in counts.items() if v is not None}
     if clean:
         mlflow.log_metrics(clean, step=step)
 
 
-def mlflow_step_logger(prefix: str, every: int = 1):
-    """A callback ``on_step(step, metrics)`` for model-layer training loops: metrics per step into MLflow."""
-    import mlflow
+class StepLogger:
+    """A callback ``on_step(step, metrics)`` for model-layer training loops: metrics per step into MLflow and a
+    tqdm bar on the driver. Use as a context manager so the bar closes."""
 
-    def on_step(step: int, metrics: dict) -> None:
-        if step % every == 0:
-            mlflow.log_metrics({f"{prefix}.{k}": float(v) for k, v in metrics.items()}, step=step)
+    def __init__(self, prefix: str, total: int | None = None, every: int = 1, show: bool = True) -> None:
+        from tqdm.auto import tqdm
 
-    return on_step
+        self.prefix, self.every = prefix, max(1, every)
+        self.bar = tqdm(total=total, desc=prefix, unit="step", disable=not show, leave=False)
+
+    def __call__(self, step: int, metrics: dict) -> None:
+        import mlflow
+
+        self.bar.update(step - self.bar.n)
+        if "loss" in metrics:
+            self.bar.set_postfix(loss=f"{float(metrics['loss']):.4f}")
+        if step % self.every == 0:
+            mlflow.log_metrics({f"{self.prefix}.{k}": float(v) for k, v in metrics.items()}, step=step)
+
+    def __enter__(self) -> "StepLogger":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.bar.close()
