@@ -1,0 +1,75 @@
+"""The three filters of the Generate step (DESIGN step 3), on a pandas frame of generated captions.
+
+A generated caption is kept only if
+- ``style``: the style classifier's argmax is the target style (``predicted_style == target_style``),
+- ``perplexity``: its perplexity under the trigram LM of the target style is ``< ppl_max`` (paper: 80),
+- ``similarity``: the retrieval similarity that paired its phrase with the factual caption is ``> min_similarity``
+  (paper: 0.6).
+A missing value (NaN / None) fails its filter. Thresholds are always passed in; the paper's values are
+``PAPER_PPL_MAX`` and ``PAPER_MIN_SIMILARITY``.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+PAPER_PPL_MAX = 80.0
+PAPER_MIN_SIMILARITY = 0.6
+INPUT_COLUMNS = ("target_style", "predicted_style", "perplexity", "similarity")
+FILTERS = ("style", "perplexity", "similarity")
+VERDICT_COLUMNS = tuple(f"passed_{f}" for f in FILTERS) + ("passed",)
+
+
+def _require_columns(df: pd.DataFrame, columns: Sequence[str], hint: str = "") -> None:
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise ValueError(f"frame lacks column(s) {missing}; it has {list(df.columns)}{hint}")
+
+
+def _numeric(df: pd.DataFrame, column: str) -> pd.Series:
+    try:
+        return pd.to_numeric(df[column], errors="raise").astype("float64")
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"column {column!r} must be numeric (NaN allowed): {err}") from err
+
+
+def apply_filters(df: pd.DataFrame, ppl_max: float, min_similarity: float) -> pd.DataFrame:
+    """A copy of ``df`` with ``passed_style``, ``passed_perplexity``, ``passed_similarity``, ``passed`` (bool) and
+    ``reject_reason`` (None if passed, else the failed filters joined by ',', e.g. "style,perplexity")."""
+    _require_columns(df, INPUT_COLUMNS)
+    for name, value in (("ppl_max", ppl_max), ("min_similarity", min_similarity)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ValueError(f"{name} must be a finite number, got {value!r}")
+    out = df.copy()
+    target, predicted = out["target_style"], out["predicted_style"]
+    verdicts = {
+        "style": (target.notna() & predicted.notna() & (target.astype(object) == predicted.astype(object))),
+        "perplexity": _numeric(out, "perplexity") < ppl_max,  # NaN compares False
+        "similarity": _numeric(out, "similarity") > min_similarity,
+    }
+    for name, passed in verdicts.items():
+        out[f"passed_{name}"] = passed.fillna(False).astype(bool).to_numpy()
+    failed = np.column_stack([~out[f"passed_{f}"].to_numpy() for f in FILTERS])
+    out["passed"] = ~failed.any(axis=1)
+    out["reject_reason"] = [",".join(f for f, bad in zip(FILTERS, row) if bad) or None for row in failed]
+    return out
+
+
+def pass_rates(df: pd.DataFrame, by: Sequence[str] | None = ("target_style",)) -> pd.DataFrame:
+    """Share of rows passing each filter and all of them, per group of ``by`` (None or empty: one overall row).
+
+    Columns: the ``by`` columns, ``n``, ``pass_rate_style``, ``pass_rate_perplexity``, ``pass_rate_similarity``,
+    ``pass_rate`` (all three).
+    """
+    _require_columns(df, VERDICT_COLUMNS, hint="; run apply_filters first")
+    by = list(by or [])
+    _require_columns(df, by)
+    rates = {f"pass_rate_{f}": (f"passed_{f}", "mean") for f in FILTERS}
+    aggs = {"n": ("passed", "size"), **rates, "pass_rate": ("passed", "mean")}
+    frame = df[by + list(VERDICT_COLUMNS)].astype({c: "float64" for c in VERDICT_COLUMNS})
+    if by:
+        return frame.groupby(by, dropna=False, sort=True).agg(**aggs).reset_index()
+    return frame.assign(_all=0).groupby("_all").agg(**aggs).reset_index(drop=True)

@@ -1,0 +1,478 @@
+"""The Generate step (paper Eq. 5): rebuild a stylized caption from "[style phrase] [SEP] [content]".
+
+Training feeds a stylized caption's own style phrase and content and teaches the model to rebuild the caption; at
+inference the input is "[retrieved phrase] [SEP] [factual caption]" and the output is a new stylized caption.
+
+Two kinds of generator, both loaded by Hugging Face name or local path through ``from_pretrained``:
+
+- ``causal``: any ``AutoModelForCausalLM`` (GPT-2 family by default). The prompt is
+  ``phrase + sep + content + sep`` and the target ``caption + eos``; the loss is on the caption tokens only
+  (labels are -100 on the prompt and on padding). Batched generation pads on the left; a missing pad token is set
+  to eos.
+- ``seq2seq``: any ``AutoModelForSeq2SeqLM`` (T5 family by default), an ``EncoderDecoderModel`` (BERT2BERT)
+  included. The source is ``phrase + sep + content`` and the target the caption.
+
+Where no model hub is reachable (this machine), a generator comes from one of two builders, each writing a
+checkpoint folder that then loads by path through ``load_generator`` like any other:
+
+- ``create_generator_from_config`` (``init: config``): a tokenizer trained on the captions with the ``tokenizers``
+  library and a randomly initialised GPT-2 or T5 of a given size.
+- ``create_bert2bert_from_minilm``: an ``EncoderDecoderModel`` warm-started on both sides from the packaged
+  pretrained all-MiniLM-L6-v2 (only the decoder's cross-attention starts from random).
+"""
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    AutoModelForSeq2SeqLM,
+    AutoTokenizer,
+    EncoderDecoderModel,
+    GenerationConfig,
+    GPT2Config,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    T5Config,
+)
+from transformers.utils import logging as hf_logging
+
+from models.backbones import minilm_path, pick_device, resolve_model_path
+from models.text import normalize_caption
+from models.tokenizers_offline import train_gpt2_tokenizer, train_t5_tokenizer
+
+GENERATOR_KINDS = ("causal", "seq2seq")
+DEFAULT_MODELS = {"causal": "gpt2", "seq2seq": "t5-small"}
+STRATEGIES = ("greedy", "beam", "sample")
+DEFAULT_SEP = " [SEP] "
+SETTINGS_FILE = "erg_generator.json"
+IGNORE_INDEX = -100
+
+#: Sizes of the generators that ``create_generator_from_config`` builds unless overridden (a small GPT-2 / T5).
+DEFAULT_CONFIGS: dict[str, dict[str, Any]] = {
+    "causal": {"n_positions": 256, "n_embd": 256, "n_layer": 4, "n_head": 4},
+    "seq2seq": {"d_model": 256, "d_ff": 1024, "d_kv": 64, "num_layers": 4, "num_decoder_layers": 4, "num_heads": 4},
+}
+
+StepCallback = Callable[[int, dict[str, float]], None]
+
+
+@dataclass
+class StyleGenerator:
+    """A loaded generator: the model, its tokenizer and how inputs are framed.
+
+    ``sep`` joins the style phrase and the content (and, for ``causal``, ends the prompt). ``max_source_len`` caps
+    the tokens of the phrase-and-content input, ``max_target_len`` those of the caption (its eos included). A causal
+    prompt is further cut (at the end of its content) so that it and the caption, or ``max_new_tokens``, fit the
+    model's positions.
+    """
+
+    kind: str
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    device: torch.device
+    sep: str = DEFAULT_SEP
+    max_source_len: int = 128
+    max_target_len: int = 64
+
+    def source_text(self, style_phrase: str, content: str) -> str:
+        """The model input for one example: "[style phrase] [SEP] [content]" (paper Eq. 5)."""
+        return f"{style_phrase.strip()}{self.sep}{content.strip()}".strip()
+
+    @property
+    def eos_token_id(self) -> int:
+        """The token that ends a generated caption."""
+        if self.kind == "seq2seq" and self.model.config.eos_token_id is not None:
+            return int(self.model.config.eos_token_id)
+        return int(self.tokenizer.eos_token_id)
+
+    def save(self, path: str | Path) -> str:
+        """Write model, tokenizer and framing (kind, sep) with ``save_pretrained``; ``load_generator`` reads it."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(path)
+        self.tokenizer.save_pretrained(path)
+        (path / SETTINGS_FILE).write_text(json.dumps({"kind": self.kind, "sep": self.sep}))
+        return str(path)
+
+
+@dataclass
+class FineTuneResult:
+    """What ``fine_tune`` did: the loss of every optimizer step, in order."""
+
+    losses: list[float] = field(default_factory=list)
+
+    @property
+    def steps(self) -> int:
+        """Number of optimizer steps taken."""
+        return len(self.losses)
+
+    @property
+    def first_loss(self) -> float:
+        """Loss of the first step (NaN when no step ran)."""
+        return self.losses[0] if self.losses else math.nan
+
+    @property
+    def final_loss(self) -> float:
+        """Loss of the last step (NaN when no step ran)."""
+        return self.losses[-1] if self.losses else math.nan
+
+
+def _check_kind(kind: str) -> None:
+    if kind not in GENERATOR_KINDS:
+        raise ValueError(f"generator kind must be one of {GENERATOR_KINDS}, got {kind!r}")
+
+
+def _read_settings(path: str) -> dict[str, Any]:
+    settings = Path(path) / SETTINGS_FILE
+    return json.loads(settings.read_text()) if settings.is_file() else {}
+
+
+def load_generator(
+    kind: str,
+    name_or_path: str | None = None,
+    device: str = "auto",
+    sep: str | None = None,
+    max_source_len: int = 128,
+    max_target_len: int = 64,
+) -> StyleGenerator:
+    """Load a generator by Hugging Face name or local path (``None``: ``gpt2`` for causal, ``t5-small`` for seq2seq).
+
+    ``sep`` defaults to the separator the checkpoint was saved with, else " [SEP] ". The model is put in eval mode on
+    ``pick_device(device)``.
+    """
+    _check_kind(kind)
+    if max_source_len < 4 or max_target_len < 2:
+        raise ValueError(f"max_source_len must be >= 4 and max_target_len >= 2, got {max_source_len}, {max_target_len}")
+    path = resolve_model_path(name_or_path or DEFAULT_MODELS[kind])
+    settings = _read_settings(path)
+    if settings.get("kind", kind) != kind:
+        raise ValueError(f"checkpoint {path!r} holds a {settings['kind']!r} generator, but kind {kind!r} was asked for")
+    auto_cls = AutoModelForCausalLM if kind == "causal" else AutoModelForSeq2SeqLM
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = auto_cls.from_pretrained(path)
+    except OSError as err:
+        raise OSError(
+            f"could not load the {kind} generator {path!r}: {err}. Where no model hub is reachable, build a checkpoint "
+            "with create_generator_from_config or create_bert2bert_from_minilm and load it by path"
+        ) from err
+    if tokenizer.eos_token_id is None and kind == "causal":
+        raise ValueError(f"the tokenizer of causal generator {path!r} has no eos token to end a caption with")
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if kind == "seq2seq" and model.config.decoder_start_token_id is None:
+        raise ValueError(f"seq2seq generator {path!r} has no decoder_start_token_id in its config")
+    dev = pick_device(device)
+    model.to(dev).eval()
+    return StyleGenerator(kind, model, tokenizer, dev, settings.get("sep", DEFAULT_SEP) if sep is None else sep,
+                          max_source_len, max_target_len)
+
+
+def _positions(gen: StyleGenerator) -> int | None:
+    """How many absolute token positions a causal model has (None for seq2seq or no such limit)."""
+    if gen.kind != "causal":
+        return None
+    config = gen.model.config
+    return getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None)
+
+
+def _check_texts(**columns: Sequence[str]) -> int:
+    lengths = {name: len(values) for name, values in columns.items()}
+    if len(set(lengths.values())) != 1:
+        raise ValueError(f"inputs must have the same length, got {lengths}")
+    for name, values in columns.items():
+        bad = [i for i, v in enumerate(values) if not isinstance(v, str)]
+        if bad:
+            raise ValueError(f"{name} must hold strings; row {bad[0]} is {type(values[bad[0]]).__name__}")
+    return next(iter(lengths.values()))
+
+
+def _source_ids(
+    gen: StyleGenerator, style_phrases: Sequence[str], contents: Sequence[str], reserve: int
+) -> list[list[int]]:
+    """Token ids of the model input: the causal prompt (ending in sep) or the seq2seq source, cut to
+    ``max_source_len``. A causal prompt is also cut so that it plus ``reserve`` output tokens fit the model's
+    positions."""
+    texts = [gen.source_text(p, c) for p, c in zip(style_phrases, contents)]
+    tok = gen.tokenizer
+    if gen.kind == "seq2seq":
+        return tok(texts, truncation=True, max_length=gen.max_source_len).input_ids
+    sep_ids = tok(gen.sep.rstrip(), add_special_tokens=False).input_ids
+    positions = _positions(gen)
+    limit = gen.max_source_len if positions is None else min(gen.max_source_len, positions - reserve)
+    if limit <= len(sep_ids):
+        raise ValueError(f"{reserve} output tokens leave no room for a prompt in the generator's {positions} "
+                         "positions; lower max_new_tokens or max_target_len")
+    return [ids[: limit - len(sep_ids)] + sep_ids for ids in tok(texts, add_special_tokens=False).input_ids]
+
+
+def _target_ids(gen: StyleGenerator, captions: Sequence[str]) -> list[list[int]]:
+    """Token ids of the caption the model learns to produce, ending in eos."""
+    tok = gen.tokenizer
+    if gen.kind == "causal":
+        ids = tok([" " + c.strip() for c in captions], add_special_tokens=False).input_ids
+        return [t[: gen.max_target_len - 1] + [gen.eos_token_id] for t in ids]
+    start = gen.model.config.decoder_start_token_id
+    out = []
+    for t in tok(text_target=[c.strip() for c in captions], truncation=True, max_length=gen.max_target_len).input_ids:
+        t = t[1:] if t and t[0] == start else t  # BERT2BERT: [CLS] is the decoder start, not a target
+        out.append(t if t and t[-1] == gen.eos_token_id else t[: gen.max_target_len - 1] + [gen.eos_token_id])
+    return out
+
+
+def _pad(seqs: Sequence[Sequence[int]], value: int, left: bool = False) -> torch.Tensor:
+    width = max(len(s) for s in seqs)
+    rows = [[value] * (width - len(s)) + list(s) if left else list(s) + [value] * (width - len(s)) for s in seqs]
+    return torch.tensor(rows, dtype=torch.long)
+
+
+def _mask(seqs: Sequence[Sequence[int]], left: bool = False) -> torch.Tensor:
+    return _pad([[1] * len(s) for s in seqs], 0, left)
+
+
+def _training_batch(
+    gen: StyleGenerator, sources: Sequence[list[int]], targets: Sequence[list[int]]
+) -> dict[str, torch.Tensor]:
+    """Right-padded tensors with labels = -100 everywhere but on the caption tokens."""
+    pad = gen.tokenizer.pad_token_id
+    if gen.kind == "causal":
+        seqs = [s + t for s, t in zip(sources, targets)]
+        labels = [[IGNORE_INDEX] * len(s) + t for s, t in zip(sources, targets)]
+        batch = {"input_ids": _pad(seqs, pad), "attention_mask": _mask(seqs), "labels": _pad(labels, IGNORE_INDEX)}
+    else:
+        batch = {"input_ids": _pad(sources, pad), "attention_mask": _mask(sources),
+                 "labels": _pad(targets, IGNORE_INDEX)}
+    return {k: v.to(gen.device) for k, v in batch.items()}
+
+
+def encode_training_batch(
+    gen: StyleGenerator, style_phrases: Sequence[str], contents: Sequence[str], captions: Sequence[str]
+) -> dict[str, torch.Tensor]:
+    """The tensors one training step feeds the model (input_ids, attention_mask, labels), on the model's device."""
+    _check_texts(style_phrases=style_phrases, contents=contents, captions=captions)
+    sources = _source_ids(gen, style_phrases, contents, gen.max_target_len)
+    return _training_batch(gen, sources, _target_ids(gen, captions))
+
+
+def _loss_and_hits(gen: StyleGenerator, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int, int]:
+    """Mean loss of a batch, and (correct, total) teacher-forced argmax predictions on its caption tokens."""
+    out = gen.model(**batch)
+    logits, labels = out.logits, batch["labels"]
+    if gen.kind == "causal":
+        logits, labels = logits[:, :-1], labels[:, 1:]
+    mask = labels != IGNORE_INDEX
+    hits = int(((logits.argmax(-1) == labels) & mask).sum())
+    return out.loss, hits, int(mask.sum())
+
+
+def fine_tune(
+    gen: StyleGenerator,
+    style_phrases: Sequence[str],
+    contents: Sequence[str],
+    captions: Sequence[str],
+    epochs: int = 1,
+    batch_size: int = 16,
+    lr: float = 5e-5,
+    weight_decay: float = 0.0,
+    max_grad_norm: float = 1.0,
+    seed: int = 0,
+    on_step: StepCallback | None = None,
+) -> FineTuneResult:
+    """Fine-tune ``gen`` in place to rebuild each caption from its style phrase and content.
+
+    The paper fine-tunes with AdamW at lr 5e-5 for 1 epoch (the defaults; a generator built from a config, trained
+    from scratch, needs more: about 1e-3 and several epochs).
+
+    Examples are shuffled each epoch from ``seed``; ``on_step(step, {"loss", "epoch", "lr"})`` is called after every
+    optimizer step (step counts from 1). The model is left in eval mode.
+    """
+    n = _check_texts(style_phrases=style_phrases, contents=contents, captions=captions)
+    if n == 0:
+        raise ValueError("fine_tune needs at least one (style phrase, content, caption) example")
+    if epochs < 1 or batch_size < 1 or not lr > 0:
+        raise ValueError(f"epochs and batch_size must be >= 1 and lr > 0, got {epochs}, {batch_size}, {lr}")
+    sources, targets = _source_ids(gen, style_phrases, contents, gen.max_target_len), _target_ids(gen, captions)
+    torch.manual_seed(seed)
+    order_rng = torch.Generator().manual_seed(seed)
+    optimizer = torch.optim.AdamW(gen.model.parameters(), lr=lr, weight_decay=weight_decay)
+    result = FineTuneResult()
+    gen.model.train()
+    try:
+        for epoch in range(epochs):
+            order = torch.randperm(n, generator=order_rng).tolist()
+            for start in range(0, n, batch_size):
+                idx = order[start : start + batch_size]
+                batch = _training_batch(gen, [sources[i] for i in idx], [targets[i] for i in idx])
+                loss = gen.model(**batch).loss
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(gen.model.parameters(), max_grad_norm)
+                optimizer.step()
+                result.losses.append(float(loss.detach()))
+                if on_step is not None:
+                    on_step(result.steps, {"loss": result.losses[-1], "epoch": float(epoch), "lr": lr})
+    finally:
+        gen.model.eval()
+    return result
+
+
+@torch.no_grad()
+def teacher_forced_metrics(
+    gen: StyleGenerator,
+    style_phrases: Sequence[str],
+    contents: Sequence[str],
+    captions: Sequence[str],
+    batch_size: int = 32,
+) -> dict[str, float]:
+    """Reconstruction quality with the true caption fed in: mean token ``loss`` and ``token_accuracy`` (argmax hits)."""
+    n = _check_texts(style_phrases=style_phrases, contents=contents, captions=captions)
+    if n == 0:
+        raise ValueError("teacher_forced_metrics needs at least one example")
+    sources, targets = _source_ids(gen, style_phrases, contents, gen.max_target_len), _target_ids(gen, captions)
+    loss_sum, hits, total = 0.0, 0, 0
+    for start in range(0, n, batch_size):
+        batch = _training_batch(gen, sources[start : start + batch_size], targets[start : start + batch_size])
+        loss, h, t = _loss_and_hits(gen, batch)
+        loss_sum, hits, total = loss_sum + float(loss) * t, hits + h, total + t
+    return {"loss": loss_sum / total, "token_accuracy": hits / total}
+
+
+def exact_match(generated: Sequence[str], references: Sequence[str]) -> float:
+    """Share of generated captions equal to their reference after ``normalize_caption``."""
+    _check_texts(generated=generated, references=references)
+    if not generated:
+        raise ValueError("exact_match needs at least one caption")
+    return sum(normalize_caption(g) == normalize_caption(r) for g, r in zip(generated, references)) / len(generated)
+
+
+def _generation_config(
+    gen: StyleGenerator, strategy: str, num_beams: int, top_p: float, temperature: float, max_new_tokens: int
+) -> GenerationConfig:
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    ids: dict[str, Any] = {"pad_token_id": gen.tokenizer.pad_token_id, "eos_token_id": gen.eos_token_id}
+    if gen.kind == "seq2seq":
+        ids["decoder_start_token_id"] = gen.model.config.decoder_start_token_id
+    common = {"max_new_tokens": max_new_tokens, "use_cache": True, **ids}
+    if strategy == "greedy":
+        return GenerationConfig(do_sample=False, num_beams=1, **common)
+    if strategy == "beam":
+        if num_beams < 2:
+            raise ValueError(f"beam search needs num_beams >= 2, got {num_beams}")
+        return GenerationConfig(do_sample=False, num_beams=num_beams, early_stopping=True, **common)
+    if not (0 < top_p <= 1) or not temperature > 0:
+        raise ValueError(f"sampling needs 0 < top_p <= 1 and temperature > 0, got {top_p=}, {temperature=}")
+    return GenerationConfig(do_sample=True, top_p=top_p, top_k=0, temperature=temperature, **common)
+
+
+@torch.no_grad()
+def generate(
+    gen: StyleGenerator,
+    style_phrases: Sequence[str],
+    factual_captions: Sequence[str],
+    strategy: str = "greedy",
+    num_beams: int = 4,
+    top_p: float = 0.9,
+    temperature: float = 1.0,
+    max_new_tokens: int = 40,
+    batch_size: int = 32,
+    seed: int = 0,
+) -> list[str]:
+    """Generate one stylized caption per "[retrieved phrase] [SEP] [factual caption]", in input order.
+
+    ``strategy``: ``greedy``, ``beam`` (``num_beams``) or ``sample`` (nucleus ``top_p``, ``temperature``; the global
+    RNG is left untouched and ``seed`` makes a call repeatable). Runs in batches of ``batch_size`` with the KV cache.
+    """
+    n = _check_texts(style_phrases=style_phrases, factual_captions=factual_captions)
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    config = _generation_config(gen, strategy, num_beams, top_p, temperature, max_new_tokens)
+    sources = _source_ids(gen, style_phrases, factual_captions, max_new_tokens)
+    left = gen.kind == "causal"
+    outputs: list[str] = []
+    devices = [gen.device] if gen.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        for start in range(0, n, batch_size):
+            chunk = sources[start : start + batch_size]
+            input_ids = _pad(chunk, gen.tokenizer.pad_token_id, left=left).to(gen.device)
+            attention_mask = _mask(chunk, left=left).to(gen.device)
+            out = gen.model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config)
+            new_tokens = out[:, input_ids.shape[1] :] if left else out
+            outputs += [t.strip() for t in gen.tokenizer.batch_decode(new_tokens, skip_special_tokens=True)]
+    return outputs
+
+
+def _config_with(defaults: dict[str, Any], overrides: dict[str, Any], base: Any, kind: str) -> dict[str, Any]:
+    allowed = set(base().to_dict())
+    unknown = sorted(set(overrides) - allowed)
+    if unknown:
+        raise ValueError(f"unknown {type(base()).__name__} keys for a {kind} generator: {unknown}")
+    return {**defaults, **overrides}
+
+
+def create_generator_from_config(
+    kind: str,
+    tokenizer_corpus: Sequence[str],
+    save_dir: str | Path,
+    vocab_size: int = 8000,
+    config_overrides: dict[str, Any] | None = None,
+    sep: str = DEFAULT_SEP,
+    seed: int = 0,
+) -> str:
+    """Build an untrained generator (``init: config``) and save it; returns the folder ``load_generator`` takes.
+
+    ``causal``: a byte-level BPE tokenizer trained on ``tokenizer_corpus`` and a ``GPT2Config`` model;
+    ``seq2seq``: a Unigram tokenizer and a ``T5Config`` model. Sizes are ``DEFAULT_CONFIGS[kind]`` updated with
+    ``config_overrides`` (keys of the config class; special-token ids and vocab size come from the tokenizer).
+    """
+    _check_kind(kind)
+    overrides = dict(config_overrides or {})
+    if kind == "causal":
+        tok = train_gpt2_tokenizer(tokenizer_corpus, vocab_size)
+        eos = tok.eos_token_id
+        params = _config_with(DEFAULT_CONFIGS[kind], overrides, GPT2Config, kind)
+        config = GPT2Config(vocab_size=len(tok), bos_token_id=eos, eos_token_id=eos, pad_token_id=eos, **params)
+    else:
+        tok = train_t5_tokenizer(tokenizer_corpus, vocab_size)
+        params = _config_with(DEFAULT_CONFIGS[kind], overrides, T5Config, kind)
+        config = T5Config(vocab_size=len(tok), pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+                          decoder_start_token_id=tok.pad_token_id, **params)
+    torch.manual_seed(seed)
+    auto_cls = AutoModelForCausalLM if kind == "causal" else AutoModelForSeq2SeqLM
+    model = auto_cls.from_config(config)
+    return StyleGenerator(kind, model, tok, torch.device("cpu"), sep).save(save_dir)
+
+
+def create_bert2bert_from_minilm(save_dir: str | Path, encoder_path: str | None = None, seed: int = 0) -> str:
+    """Build a seq2seq ``EncoderDecoderModel`` warm-started from MiniLM on both sides and save it; returns the folder.
+
+    ``encoder_path`` defaults to the packaged all-MiniLM-L6-v2. The decoder reuses its BERT weights with causal
+    self-attention; its cross-attention starts from random. [CLS] starts decoding, [SEP] ends it, and the separator
+    is BERT's own [SEP]. MiniLM ships no masked-LM head, so the decoder's output transform starts from random too
+    (its output projection is tied to the pretrained word embeddings).
+    """
+    path = resolve_model_path(encoder_path or minilm_path())
+    tok = AutoTokenizer.from_pretrained(path)
+    torch.manual_seed(seed)
+    previous = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # the missing cross-attention and LM-head transform weights are expected
+    try:
+        model = EncoderDecoderModel.from_encoder_decoder_pretrained(path, path)
+    finally:
+        hf_logging.set_verbosity(previous)
+    for cfg in (model.config, model.generation_config):
+        cfg.decoder_start_token_id = tok.cls_token_id
+        cfg.eos_token_id = tok.sep_token_id
+        cfg.pad_token_id = tok.pad_token_id
+    model.config.vocab_size = model.config.decoder.vocab_size
+    return StyleGenerator("seq2seq", model, tok, torch.device("cpu"), DEFAULT_SEP).save(save_dir)

@@ -1,0 +1,256 @@
+"""Word trigram language models with interpolated Kneser-Ney smoothing, one per style.
+
+The Generate step keeps a generated caption only if its perplexity under a trigram LM of the target style is below
+a threshold (paper: 80). The LM is trained on that style's stylized captions.
+
+Model (Chen & Goodman's interpolated Kneser-Ney, one absolute discount D_n per order):
+
+- every sentence is ``<s> <s> w_1 .. w_T </s>``; words are ``models.text.caption_words``; words seen fewer than
+  ``min_count`` times in training, and any unseen word at scoring time, are ``<unk>``;
+- ``P3(w|u,v) = max(c(uvw) - D3, 0) / c(uv.) + D3 N1+(uv.) / c(uv.) * P2(w|v)`` with raw counts ``c``;
+- ``P2(w|v) = max(N1+(.vw) - D2, 0) / N1+(.v.) + D2 N1+(v.)' / N1+(.v.) * P1(w)`` with continuation counts
+  ``N1+(.vw)`` (distinct u before ``vw``) and ``N1+(v.)'`` (distinct w with ``N1+(.vw) > 0``);
+- ``P1(w) = max(N1+(.w) - D1, 0) / N1+(..) + D1 N1+(w)' / N1+(..) / |V|`` interpolated with the uniform
+  distribution over the predictable vocabulary V (every word, ``<unk>`` and ``</s>``; not ``<s>``), so that
+  ``<unk>`` has probability mass;
+- an unseen context falls back to the next lower order. Each conditional distribution sums to 1 over V.
+
+``D_n = n1 / (n1 + 2 n2)`` from the count-of-counts of that order (Ney et al.), or 0.75 where n1 or n2 is 0.
+Perplexity is ``exp(-mean log P)`` over the T words and ``</s>``. Counts live in sorted int64 key arrays, so scoring
+is vectorised with ``numpy.searchsorted``.
+"""
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from models.text import caption_words
+
+BOS, EOS, UNK = "<s>", "</s>", "<unk>"
+SPECIALS = (BOS, EOS, UNK)
+FORMAT = "erg-kn-trigram/1"
+FALLBACK_DISCOUNT = 0.75
+
+
+def _discount(counts: np.ndarray) -> float:
+    n1, n2 = int((counts == 1).sum()), int((counts == 2).sum())
+    return n1 / (n1 + 2 * n2) if n1 > 0 and n2 > 0 else FALLBACK_DISCOUNT
+
+
+def _to_ids(word_ids: Mapping[str, int], words: Sequence[str]) -> list[int]:
+    """Word ids; unknown words, and words spelled like a special token, are <unk> (id 2)."""
+    return [2 if w in SPECIALS else word_ids.get(w, 2) for w in words]
+
+
+def _lookup(keys: np.ndarray, values: np.ndarray, query: np.ndarray) -> np.ndarray:
+    """``values`` at ``query`` positions of sorted ``keys``; 0 where a query key is absent."""
+    if len(keys) == 0:
+        return np.zeros(len(query), dtype=np.float64)
+    pos = np.minimum(np.searchsorted(keys, query), len(keys) - 1)
+    return np.where(keys[pos] == query, values[pos], 0).astype(np.float64)
+
+
+def _group(keys: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Unique sorted ``keys`` with the sum of ``weights`` and the number of rows for each."""
+    uniq, inverse, types = np.unique(keys, return_inverse=True, return_counts=True)
+    return uniq, np.bincount(inverse, weights=weights, minlength=len(uniq)), types.astype(np.float64)
+
+
+class TrigramLM:
+    """An interpolated Kneser-Ney trigram LM over caption words (build it with ``TrigramLM.train``)."""
+
+    def __init__(
+        self, vocab: Sequence[str], trigrams: np.ndarray, counts: np.ndarray, discounts: Sequence[float] | None = None
+    ) -> None:
+        """``vocab``: words by id, starting with ``<s>``, ``</s>``, ``<unk>``; ``trigrams``: (n, 3) ids, unique rows;
+        ``counts``: their raw counts; ``discounts``: (D1, D2, D3), estimated from the counts when None."""
+        if tuple(vocab[:3]) != SPECIALS:
+            raise ValueError(f"vocab must start with {SPECIALS}, got {tuple(vocab[:3])}")
+        self.vocab = list(vocab)
+        self.word_ids = {w: i for i, w in enumerate(self.vocab)}
+        size = self.size = len(self.vocab)
+        tri = np.asarray(trigrams, dtype=np.int64).reshape(-1, 3)
+        self.counts = np.asarray(counts, dtype=np.float64)
+        if len(tri) != len(self.counts) or len(tri) == 0 or (self.counts < 1).any():
+            raise ValueError("trigrams and counts must be non-empty, of equal length, with counts >= 1")
+        if tri.min() < 0 or tri.max() >= size:
+            raise ValueError(f"trigram ids must lie in [0, {size})")
+        keys = (tri[:, 0] * size + tri[:, 1]) * size + tri[:, 2]
+        order = np.argsort(keys)
+        self.tri_keys, self.counts, self.trigrams = keys[order], self.counts[order], tri[order]
+        if (np.diff(self.tri_keys) == 0).any():
+            raise ValueError("trigrams must be unique rows")
+        # Highest order: raw counts by context (u, v).
+        self.ctx3_keys, self.ctx3_total, self.ctx3_types = _group(self.tri_keys // size, self.counts)
+        # Middle order: continuation counts N1+(. v w), by context v.
+        self.bi_keys, _, self.bi_cont = _group(self.tri_keys % (size * size), np.ones(len(keys)))
+        bi_ctx = self.bi_keys // size
+        self.ctx2_total = np.bincount(bi_ctx, weights=self.bi_cont, minlength=size)
+        self.ctx2_types = np.bincount(bi_ctx, minlength=size).astype(np.float64)
+        # Lowest order: N1+(. w), the number of bigram types ending in w.
+        uni_cont = np.bincount(self.bi_keys % size, minlength=size).astype(np.float64)
+        if discounts is None:
+            discounts = (_discount(uni_cont[uni_cont > 0]), _discount(self.bi_cont), _discount(self.counts))
+        self.discounts = tuple(float(d) for d in discounts)
+        if len(self.discounts) != 3 or not all(0 < d <= 1 for d in self.discounts):
+            raise ValueError(f"discounts must be three values in (0, 1], got {self.discounts}")
+        d1 = self.discounts[0]
+        total, seen = uni_cont.sum(), float((uni_cont > 0).sum())
+        self.p1 = np.maximum(uni_cont - d1, 0) / total + d1 * seen / total / (size - 1)
+        self.p1[0] = 0.0  # <s> is never predicted
+
+    @classmethod
+    def train(cls, sentences: Sequence[str], min_count: int = 1, discounts: Sequence[float] | None = None) -> TrigramLM:
+        """Count trigrams of ``sentences`` (captions of one style); words seen < ``min_count`` times become <unk>."""
+        if min_count < 1:
+            raise ValueError(f"min_count must be >= 1, got {min_count}")
+        tokenized = [caption_words(s) for s in sentences if isinstance(s, str)]
+        if len(tokenized) != len(sentences) or not any(tokenized):
+            raise ValueError("a trigram LM needs a non-empty list of strings with at least one word")
+        freq = Counter(w for words in tokenized for w in words)
+        vocab = list(SPECIALS) + sorted(w for w, c in freq.items() if c >= min_count and w not in SPECIALS)
+        word_ids = {w: i for i, w in enumerate(vocab)}
+        rows = []
+        for words in tokenized:
+            ids = [0, 0] + _to_ids(word_ids, words) + [1]
+            rows += [(ids[i - 2], ids[i - 1], ids[i]) for i in range(2, len(ids))]
+        uniq, counts = np.unique(np.asarray(rows, dtype=np.int64), axis=0, return_counts=True)
+        return cls(vocab, uniq, counts, discounts)
+
+
+    def _prob(self, u: np.ndarray, v: np.ndarray, w: np.ndarray) -> np.ndarray:
+        """P(w | u, v) for aligned id arrays."""
+        size, (_, d2, d3) = self.size, self.discounts
+        total2, types2 = self.ctx2_total[v], self.ctx2_types[v]
+        cont = _lookup(self.bi_keys, self.bi_cont, v * size + w)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            p2 = np.where(total2 > 0, (np.maximum(cont - d2, 0) + d2 * types2 * self.p1[w]) / total2, self.p1[w])
+            ctx = u * size + v
+            total3 = _lookup(self.ctx3_keys, self.ctx3_total, ctx)
+            types3 = _lookup(self.ctx3_keys, self.ctx3_types, ctx)
+            count = _lookup(self.tri_keys, self.counts, ctx * size + w)
+            return np.where(total3 > 0, (np.maximum(count - d3, 0) + d3 * types3 * p2) / total3, p2)
+
+    def _context_ids(self, context: tuple[str, str]) -> tuple[int, int]:
+        if len(context) != 2:
+            raise ValueError(f"a trigram context is two words, got {context!r}")
+        u, v = (0 if c == BOS else _to_ids(self.word_ids, [c])[0] for c in context)
+        return u, v
+
+    def prob(self, word: str, context: tuple[str, str]) -> float:
+        """P(word | context), context = the two previous words (``<s>`` at sentence start); ``</s>`` may be the word."""
+        u, v = self._context_ids(context)
+        w = 1 if word == EOS else _to_ids(self.word_ids, [word])[0]
+        return float(self._prob(np.array([u]), np.array([v]), np.array([w]))[0])
+
+    def next_word_distribution(self, context: tuple[str, str]) -> dict[str, float]:
+        """P(w | context) for every predictable word w (all but ``<s>``); the values sum to 1."""
+        u, v = self._context_ids(context)
+        w = np.arange(1, self.size, dtype=np.int64)
+        p = self._prob(np.full_like(w, u), np.full_like(w, v), w)
+        return dict(zip(self.vocab[1:], p.tolist()))
+
+    def perplexities(self, sentences: Sequence[str]) -> np.ndarray:
+        """Per-sentence perplexity, exp(-mean log P) over its words and ``</s>``, for a batch of sentences."""
+        bad = [i for i, s in enumerate(sentences) if not isinstance(s, str)]
+        if bad:
+            raise ValueError(f"sentences must be strings; row {bad[0]} is {type(sentences[bad[0]]).__name__}")
+        if len(sentences) == 0:
+            return np.zeros(0)
+        seqs = [[0, 0] + _to_ids(self.word_ids, caption_words(s)) + [1] for s in sentences]
+        lengths = np.array([len(s) - 2 for s in seqs])
+        u = np.concatenate([s[:-2] for s in seqs]).astype(np.int64)
+        v = np.concatenate([s[1:-1] for s in seqs]).astype(np.int64)
+        w = np.concatenate([s[2:] for s in seqs]).astype(np.int64)
+        logp = np.log(self._prob(u, v, w))
+        sums = np.bincount(np.repeat(np.arange(len(seqs)), lengths), weights=logp, minlength=len(seqs))
+        return np.exp(-sums / lengths)
+
+    def perplexity(self, sentence: str) -> float:
+        """Perplexity of one sentence."""
+        return float(self.perplexities([sentence])[0])
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable form (vocabulary, trigram counts, discounts); ``from_dict`` rebuilds the same model."""
+        return {
+            "format": FORMAT,
+            "vocab": self.vocab,
+            "trigrams": self.trigrams.tolist(),
+            "counts": self.counts.astype(np.int64).tolist(),
+            "discounts": list(self.discounts),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TrigramLM:
+        """Rebuild a model written by ``to_dict``."""
+        if data.get("format") != FORMAT:
+            raise ValueError(f"not a trigram LM dict: format is {data.get('format')!r}, expected {FORMAT!r}")
+        trigrams = np.asarray(data["trigrams"], dtype=np.int64)
+        return cls(data["vocab"], trigrams, np.asarray(data["counts"]), data["discounts"])
+
+
+class StyleLanguageModels:
+    """One ``TrigramLM`` per style; each generated caption is scored under the LM of its target style."""
+
+    def __init__(self, models: Mapping[str, TrigramLM]) -> None:
+        """``models``: style name -> its trained trigram LM."""
+        if not models:
+            raise ValueError("StyleLanguageModels needs at least one style")
+        self.models = dict(models)
+
+    @classmethod
+    def train(cls, captions: Sequence[str], styles: Sequence[str], min_count: int = 1) -> StyleLanguageModels:
+        """Train one LM per distinct style on the captions of that style."""
+        if len(captions) != len(styles):
+            raise ValueError(f"captions and styles must have the same length, got {len(captions)} and {len(styles)}")
+        by_style: dict[str, list[str]] = {}
+        for caption, style in zip(captions, styles):
+            if not isinstance(style, str) or not style:
+                raise ValueError(f"every style must be a non-empty string, got {style!r}")
+            by_style.setdefault(style, []).append(caption)
+        return cls({s: TrigramLM.train(c, min_count=min_count) for s, c in sorted(by_style.items())})
+
+    @property
+    def styles(self) -> list[str]:
+        """The styles that have an LM, sorted."""
+        return sorted(self.models)
+
+    def __getitem__(self, style: str) -> TrigramLM:
+        if style not in self.models:
+            raise ValueError(f"no trigram LM for style {style!r}; styles with one: {self.styles}")
+        return self.models[style]
+
+    def perplexities(self, sentences: Sequence[str], styles: Sequence[str]) -> np.ndarray:
+        """Perplexity of each sentence under the LM of its style (aligned lists)."""
+        if len(sentences) != len(styles):
+            raise ValueError(f"sentences and styles must have the same length, got {len(sentences)} and {len(styles)}")
+        out = np.empty(len(sentences))
+        style_arr = np.asarray(styles, dtype=object)
+        for style in set(styles):
+            rows = np.flatnonzero(style_arr == style)
+            out[rows] = self[style].perplexities([sentences[i] for i in rows])
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable form: style -> ``TrigramLM.to_dict()``."""
+        return {style: lm.to_dict() for style, lm in sorted(self.models.items())}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> StyleLanguageModels:
+        """Rebuild models written by ``to_dict``."""
+        return cls({style: TrigramLM.from_dict(d) for style, d in data.items()})
+
+    def save(self, path: str | Path) -> str:
+        """Write the models as one JSON file."""
+        Path(path).write_text(json.dumps(self.to_dict()))
+        return str(path)
+
+    @classmethod
+    def load(cls, path: str | Path) -> StyleLanguageModels:
+        """Read models written by ``save``."""
+        return cls.from_dict(json.loads(Path(path).read_text()))

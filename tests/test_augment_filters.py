@@ -1,0 +1,111 @@
+"""Tests of the Generate step's three filters (style, perplexity, similarity) and their pass rates."""
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from models.augment_filters import PAPER_MIN_SIMILARITY, PAPER_PPL_MAX, apply_filters, pass_rates
+
+
+def every_combination() -> pd.DataFrame:
+    """One row per (style ok, perplexity ok, similarity ok) combination, for both target styles."""
+    rows = []
+    for target in ("humor", "romantic"):
+        other = "romantic" if target == "humor" else "humor"
+        for style_ok, ppl_ok, sim_ok in itertools.product([True, False], repeat=3):
+            rows.append({
+                "target_style": target,
+                "predicted_style": target if style_ok else other,
+                "perplexity": 42.0 if ppl_ok else 80.0,  # 80 itself fails: ppl must be < ppl_max
+                "similarity": 0.61 if sim_ok else 0.6,  # 0.6 itself fails: similarity must be > min_similarity
+                "expect": (style_ok, ppl_ok, sim_ok),
+            })
+    return pd.DataFrame(rows)
+
+
+def test_every_combination_of_pass_and_fail():
+    out = apply_filters(every_combination(), ppl_max=PAPER_PPL_MAX, min_similarity=PAPER_MIN_SIMILARITY)
+    assert len(out) == 16
+    for _, row in out.iterrows():
+        style_ok, ppl_ok, sim_ok = row["expect"]
+        assert (row["passed_style"], row["passed_perplexity"], row["passed_similarity"]) == (style_ok, ppl_ok, sim_ok)
+        assert row["passed"] == (style_ok and ppl_ok and sim_ok)
+        failed = [name for name, ok in zip(("style", "perplexity", "similarity"), row["expect"]) if not ok]
+        assert row["reject_reason"] == (",".join(failed) if failed else None)
+    assert out["passed"].sum() == 2
+    assert set(out["reject_reason"].dropna()) >= {"style,perplexity,similarity", "style,perplexity", "similarity"}
+    assert all(out[c].dtype == bool for c in ("passed_style", "passed_perplexity", "passed_similarity", "passed"))
+
+
+def test_missing_values_fail_with_a_reason():
+    df = pd.DataFrame({
+        "target_style": ["humor", "humor", "humor", None],
+        "predicted_style": ["humor", None, "humor", "humor"],
+        "perplexity": [np.nan, 10.0, 10.0, 10.0],
+        "similarity": [0.9, 0.9, None, 0.9],
+    })
+    out = apply_filters(df, ppl_max=80, min_similarity=0.6)
+    assert out["reject_reason"].tolist() == ["perplexity", "style", "similarity", "style"]
+    assert not out["passed"].any()
+
+
+def test_input_frame_is_not_modified_and_index_is_kept():
+    df = every_combination().set_index(pd.Index(range(100, 116)))
+    before = df.copy()
+    out = apply_filters(df, ppl_max=50, min_similarity=0.5)
+    pd.testing.assert_frame_equal(df, before)
+    assert out.index.tolist() == list(range(100, 116))
+    # Looser similarity, tighter perplexity: 0.6 now passes, 42 still passes, 80 still fails.
+    assert out["passed_similarity"].all() and out["passed"].sum() == 4
+
+
+def test_thresholds_are_applied_as_passed_in():
+    df = pd.DataFrame({"target_style": ["humor"] * 3, "predicted_style": ["humor"] * 3,
+                       "perplexity": [30.0, 60.0, 90.0], "similarity": [0.7] * 3})
+    assert apply_filters(df, ppl_max=50, min_similarity=0.6)["passed"].tolist() == [True, False, False]
+    assert apply_filters(df, ppl_max=100, min_similarity=0.6)["passed"].tolist() == [True, True, True]
+    assert apply_filters(df, ppl_max=100, min_similarity=0.7)["passed"].tolist() == [False, False, False]
+
+
+def test_pass_rates_per_style_and_overall():
+    df = every_combination()
+    df.loc[df["target_style"] == "romantic", "perplexity"] = 1.0  # every romantic row passes perplexity
+    out = apply_filters(df, ppl_max=80, min_similarity=0.6)
+    rates = pass_rates(out)
+    assert rates["target_style"].tolist() == ["humor", "romantic"]
+    assert rates["n"].tolist() == [8, 8]
+    assert rates["pass_rate_style"].tolist() == [0.5, 0.5]
+    assert rates["pass_rate_perplexity"].tolist() == [0.5, 1.0]
+    assert rates["pass_rate_similarity"].tolist() == [0.5, 0.5]
+    assert rates["pass_rate"].tolist() == [0.125, 0.25]
+    overall = pass_rates(out, by=None)
+    assert len(overall) == 1 and overall.loc[0, "n"] == 16
+    assert overall.loc[0, "pass_rate"] == pytest.approx(3 / 16)
+    assert overall.loc[0, "pass_rate_perplexity"] == pytest.approx(0.75)
+
+
+def test_empty_frame():
+    df = every_combination().iloc[:0]
+    out = apply_filters(df, ppl_max=80, min_similarity=0.6)
+    assert len(out) == 0 and "reject_reason" in out.columns
+    assert len(pass_rates(out)) == 0
+
+
+def test_bad_input_is_rejected():
+    df = every_combination()
+    with pytest.raises(ValueError, match=r"lacks column\(s\) \['similarity'\]"):
+        apply_filters(df.drop(columns="similarity"), ppl_max=80, min_similarity=0.6)
+    with pytest.raises(ValueError, match="ppl_max must be a finite number"):
+        apply_filters(df, ppl_max=math.inf, min_similarity=0.6)
+    with pytest.raises(ValueError, match="min_similarity must be a finite number"):
+        apply_filters(df, ppl_max=80, min_similarity="0.6")
+    with pytest.raises(ValueError, match="'perplexity' must be numeric"):
+        apply_filters(df.assign(perplexity="low"), ppl_max=80, min_similarity=0.6)
+    with pytest.raises(ValueError, match="run apply_filters first"):
+        pass_rates(df)
+    with pytest.raises(ValueError, match=r"lacks column\(s\) \['scene'\]"):
+        pass_rates(apply_filters(df, ppl_max=80, min_similarity=0.6), by=["scene"])
