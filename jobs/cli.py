@@ -45,6 +45,48 @@ def cmd_ingest(cfg, args) -> dict:
     return ingest(get_spark(cfg), cfg)
 
 
+def cmd_extract(cfg, args) -> dict:
+    from jobs.extract import extract
+    from jobs.spark import get_spark
+
+    return extract(get_spark(cfg), cfg, incremental=args.incremental)
+
+
+def cmd_embed(cfg, args) -> dict:
+    from jobs.embed import embed
+    from jobs.spark import get_spark
+
+    return embed(get_spark(cfg), cfg)
+
+
+def cmd_retrieve(cfg, args) -> dict:
+    from jobs.retrieve import retrieve
+    from jobs.spark import get_spark
+
+    return retrieve(get_spark(cfg), cfg)
+
+
+def cmd_generate(cfg, args) -> dict:
+    from jobs.generate import generate_augmented
+    from jobs.spark import get_spark
+
+    return generate_augmented(get_spark(cfg), cfg, incremental=args.incremental)
+
+
+def cmd_train(cfg, args) -> dict:
+    from jobs.spark import get_spark
+    from jobs.train import train
+
+    return train(get_spark(cfg), cfg)
+
+
+def cmd_evaluate(cfg, args) -> dict:
+    from jobs.evaluate import evaluate
+    from jobs.spark import get_spark
+
+    return evaluate(get_spark(cfg), cfg)
+
+
 def cmd_sql(cfg, args) -> None:
     from jobs.spark import get_spark
 
@@ -64,12 +106,29 @@ def cmd_run(cfg, args) -> dict:
     return run_pipeline(get_spark(cfg), cfg, incremental=getattr(args, "incremental", False))
 
 
+def cmd_compare(cfg, args) -> None:
+    from jobs.compare import compare, render
+
+    try:
+        comparison = compare(cfg, args.run_ids or None, args.job, args.last)
+    except ValueError as exc:
+        raise SystemExit(f"erg compare: {exc}") from None
+    render(comparison)
+
+
 COMMANDS = {
     "setup": (cmd_setup, "resolve Delta Lake's jars through Maven into spark.jars_dir"),
     "sample": (cmd_sample, "write the generated sample (the embedded default data)"),
     "ingest": (cmd_ingest, "ingest the configured sources into the Delta tables"),
+    "extract": (cmd_extract, "fine-tune the style classifier, select the style head, write style_phrases"),
+    "embed": (cmd_embed, "embed scenes, factual captions and images not yet embedded by the encoder's version"),
+    "retrieve": (cmd_retrieve, "retrieve similar stylized scenes for the factual captions (i2i, i2t, t2i, t2t)"),
+    "generate": (cmd_generate, "fine-tune the generator, generate from retrievals, filter, write augmented_captions"),
+    "train": (cmd_train, "train a captioner on training_set (original, + augmented with train.use_augmented)"),
+    "evaluate": (cmd_evaluate, "score the trained captioners per style (BLEU, METEOR, CIDEr, cls., ppl.): Table 2"),
     "run": (cmd_run, "run the whole pipeline"),
     "sql": (cmd_sql, "run a SQL query over the erg tables"),
+    "compare": (cmd_compare, "MLflow runs side by side: params that differ, counts, pass rates, metrics, tags"),
 }
 
 
@@ -87,7 +146,11 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--limit", type=int, default=50)
             p.add_argument("--truncate", type=int, default=60)
             p.add_argument("--json", action="store_true", help="print rows as JSON lines")
-        if name == "run":
+        if name == "compare":
+            p.add_argument("run_ids", nargs="*", metavar="RUN_ID", help="runs to compare (default: a job's last runs)")
+            p.add_argument("--job", help="compare this job's last runs (tag erg.job; default: the newest run's job)")
+            p.add_argument("--last", type=int, default=2, help="how many of the job's last runs to compare")
+        if name in ("run", "extract", "generate"):
             p.add_argument("--incremental", action="store_true", help="process only new stylized/factual rows")
     return parser
 
@@ -98,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config(args.conf, args.overrides)
     except ConfigError as exc:
         print(f"erg: {exc}", file=sys.stderr)
-        return 2
+        # raised, not returned: Databricks calls the entry point directly and must see the task fail
+        raise SystemExit(2) from None
     handler, _ = COMMANDS[args.command]
     started = time.time()
     result = handler(cfg, args)

@@ -84,5 +84,7 @@ def test_sql_by_name_through_cli(spark, fresh_cfg, capsys):
 def test_cli_rejects_bad_conf(capsys):
     from jobs.cli import main
 
-    assert main(["ingest", "--conf", "test", "--set", "extract.eps=2"]) == 2
+    with pytest.raises(SystemExit) as exit_info:
+        main(["ingest", "--conf", "test", "--set", "extract.eps=2"])
+    assert exit_info.value.code == 2
     assert "key 'extract.eps'" in capsys.readouterr().err
