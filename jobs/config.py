@@ -131,6 +131,8 @@ class EncoderConf(_Section):
     name_or_path: str = "all-MiniLM-L6-v2"
     batch_size: int = Field(64, ge=1)
     device: str = "auto"
+    options: dict[str, Any] = Field(default_factory=dict, description="encoder options: sentence max_length; "
+                                    "oscar pooling, max_seq_length, max_img_seq_length, tokenizer_name_or_path")
 
 
 class IndexConf(_Section):
@@ -150,10 +152,14 @@ class RetrieveConf(_Section):
     index: IndexConf = Field(default_factory=IndexConf)
     exclude_same_image: bool = Field(True, description="drop hits whose scene shows the query's own image")
     examples_to_log: int = Field(8, ge=0)
+    partitions: Optional[int] = Field(None, ge=1, description="tasks the factual queries are searched in "
+                                      "(null = spark.sql.shuffle.partitions)")
 
 
 class EmbedConf(_Section):
     encoder: EncoderConf = Field(default_factory=EncoderConf)
+    partitions: Optional[int] = Field(None, ge=1, description="tasks the items to embed are spread over, e.g. the "
+                                      "cluster's GPU count (null = as the anti-join leaves them)")
 
 
 class GeneratorConf(_Section):
@@ -182,14 +188,13 @@ class DecodingConf(_Section):
 class FilterConf(_Section):
     ppl_max: float = Field(80.0, gt=0, description="keep a generated caption if its trigram perplexity < this")
     min_similarity: float = Field(0.6, ge=-1, le=1, description="keep if retrieval similarity > this")
-    require_target_style: bool = True
 
 
 class GenerateConf(_Section):
     generator: GeneratorConf = Field(default_factory=GeneratorConf)
     decoding: DecodingConf = Field(default_factory=DecodingConf)
     filters: FilterConf = Field(default_factory=FilterConf)
-    lm_discount: float = Field(0.75, gt=0, lt=1, description="Kneser-Ney absolute discount")
+    lm_min_count: int = Field(1, ge=1, description="trigram LM: words seen fewer times map to <unk>")
     hits_per_query: int = Field(1, ge=1, description="retrieval hits per factual item turned into candidates")
     max_candidates: Optional[int] = Field(None, ge=1, description="cap on new candidates per run (null = all)")
     device: str = "auto"
@@ -198,22 +203,39 @@ class GenerateConf(_Section):
 
 class TrainConf(_Section):
     captioner: Literal["nic", "transformer"] = "nic"
-    backend: Literal["torch_distributor", "horovod"] = "torch_distributor"
-    reader: Literal["parquet", "petastorm"] = "parquet"
-    num_processes: int = Field(2, ge=1)
+    backend: Literal["torch_distributor", "horovod"] = Field(
+        "torch_distributor", description="torch_distributor: Spark's TorchDistributor (DDP; gloo on CPU, nccl on "
+        "GPU); horovod: horovod.spark.run with Gloo (needs scripts/install_horovod.sh or a Databricks ML runtime)")
+    reader: Literal["parquet", "petastorm"] = Field(
+        "parquet", description="how the training snapshot is written: Spark Parquet, or petastorm's Spark converter "
+        "(falls back to Parquet, tagged erg.reader_fallback, where petastorm cannot import)")
+    num_processes: int = Field(2, ge=1, description="training processes (one per GPU with use_gpu)")
+    local_mode: Optional[bool] = Field(None, description="TorchDistributor local_mode: processes on the driver; "
+                                       "null = true locally, false on Databricks (barrier tasks on executors)")
     use_gpu: bool = False
-    use_augmented: bool = True
+    use_augmented: bool = Field(True, description="train on original + augmented pairs (false: original only)")
     epochs: int = Field(5, ge=1)
     batch_size: int = Field(32, ge=1)
     lr: float = Field(1e-3, gt=0)
-    hidden_size: int = Field(256, ge=8)
+    weight_decay: float = Field(0.01, ge=0)
+    grad_clip: float = Field(1.0, ge=0, description="max gradient norm (0 = no clipping)")
+    hparams: dict[str, Any] = Field(default_factory=dict, description="captioner hyper-parameters: nic embed_dim, "
+                                    "hidden_dim, num_layers, dropout; transformer d_model, nhead, num_layers, "
+                                    "dim_feedforward, dropout, max_len (checked by `erg train`)")
+    min_count: int = Field(1, ge=1, description="caption words seen fewer times map to <unk>")
+    max_words: int = Field(30, ge=1, description="caption words kept per training caption")
     seed: int = 23
 
 
 class EvaluateConf(_Section):
-    split: str = "test"
-    max_images: Optional[int] = Field(None, ge=1)
-    max_len: int = Field(24, ge=4)
+    split: str = Field("test", description="split of stylized_captions whose images are captioned and scored")
+    max_images: Optional[int] = Field(None, ge=1, description="cap on (image, style) pairs per style (null = all)")
+    max_len: int = Field(24, ge=4, description="tokens greedy decoding writes at most per caption")
+    batch_size: int = Field(64, ge=1, description="images per decoding / classifier batch on an executor")
+    device: str = Field("auto", description="auto | cpu | cuda[:N] for decoding and the style classifier")
+    ppl_statistic: Literal["median", "mean"] = Field(
+        "median", description="ppl.: median (robust to a few degenerate captions) or mean trigram perplexity")
+    samples_to_log: int = Field(5, ge=0, description="generated captions per style and variant logged as samples")
 
 
 class ErgConfig(_Section):
