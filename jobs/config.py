@@ -196,7 +196,7 @@ class GenerateConf(_Section):
     filters: FilterConf = Field(default_factory=FilterConf)
     lm_min_count: int = Field(1, ge=1, description="trigram LM: words seen fewer times map to <unk>")
     hits_per_query: int = Field(1, ge=1, description="retrieval hits per factual item turned into candidates")
-    max_candidates: Optional[int] = Field(None, ge=1, description="cap on new candidates per run (null = all)")
+    max_candidates: Optional[int] = Field(None, ge=1, description="cap on candidates: the same N (by a hash of their key) every run; null = all")
     device: str = "auto"
     samples_to_log: int = Field(5, ge=0)
 

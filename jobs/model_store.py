@@ -1,8 +1,9 @@
 """Where trained models live between jobs: a local/Volume folder per run, MLflow artifacts and the registry.
 
-A job that trains a model saves it under ``<home>/models/<kind>/<run id>``, logs and registers it in MLflow, and
-records it as the *current* model of that kind in ``<home>/models/<kind>/current.json``; later jobs (and the
-UDFs on executors) load it from that folder, so executors never need MLflow access.
+A job that trains a model saves it under ``<home>/models/<schema>/<kind>/<run id>``, logs and registers it in
+MLflow, and records it as the *current* model of that kind in ``.../<kind>/current.json``; later jobs (and the
+UDFs on executors) load it from that folder, so executors never need MLflow access. Models belong to the tables
+they were trained on, hence the schema in the path.
 """
 from __future__ import annotations
 
@@ -13,12 +14,17 @@ from typing import Any
 from jobs.config import ErgConfig
 
 
+def _root(cfg: ErgConfig, kind: str) -> Path:
+    schema = f"{cfg.tables.catalog}.{cfg.tables.schema_name}" if cfg.tables.catalog else cfg.tables.schema_name
+    return Path(cfg.home) / "models" / schema / kind
+
+
 def model_dir(cfg: ErgConfig, kind: str, run_id: str) -> Path:
-    return Path(cfg.home) / "models" / kind / run_id
+    return _root(cfg, kind) / run_id
 
 
 def set_current(cfg: ErgConfig, kind: str, info: dict[str, Any]) -> None:
-    path = Path(cfg.home) / "models" / kind / "current.json"
+    path = _root(cfg, kind) / "current.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(info, indent=2, default=str))
@@ -26,7 +32,7 @@ def set_current(cfg: ErgConfig, kind: str, info: dict[str, Any]) -> None:
 
 
 def get_current(cfg: ErgConfig, kind: str) -> dict[str, Any] | None:
-    path = Path(cfg.home) / "models" / kind / "current.json"
+    path = _root(cfg, kind) / "current.json"
     return json.loads(path.read_text()) if path.exists() else None
 
 

@@ -1,0 +1,62 @@
+"""Delta-version watermarks: what each incremental consumer has already seen of its input tables.
+
+A consumer (e.g. ``retrieve``) records the versions of the tables it read when it finished; on an incremental
+run it asks :func:`new_rows_since` how many rows were inserted since then, read from the tables' Change Data Feed
+(every table is created with ``delta.enableChangeDataFeed``). Nothing inserted means the stage can be skipped
+without doing any work. The watermark is written only after the consumer succeeded, so a crash means a redo.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pyspark.sql import SparkSession
+
+from jobs.config import ErgConfig
+from jobs.tables import table_name
+
+
+def _path(cfg: ErgConfig) -> Path:
+    return Path(cfg.home) / "state" / f"watermarks.{cfg.tables.catalog or 'local'}.{cfg.tables.schema_name}.json"
+
+
+def _read(cfg: ErgConfig) -> dict:
+    path = _path(cfg)
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def table_version(spark: SparkSession, cfg: ErgConfig, table: str) -> int:
+    return int(spark.sql(f"DESCRIBE HISTORY {table_name(cfg, table)} LIMIT 1").collect()[0]["version"])
+
+
+def new_rows_since(spark: SparkSession, cfg: ErgConfig, consumer: str, tables: list[str]) -> dict[str, int] | None:
+    """Rows inserted into each of ``tables`` since ``consumer``'s watermark (None: no watermark yet)."""
+    marks = _read(cfg).get(consumer)
+    if marks is None:
+        return None
+    out = {}
+    for table in tables:
+        seen = marks.get(table)
+        current = table_version(spark, cfg, table)
+        if seen is None:
+            return None
+        if current <= seen:
+            out[table] = 0
+            continue
+        changes = (spark.read.format("delta").option("readChangeFeed", "true").option("startingVersion", seen + 1)
+                   .table(table_name(cfg, table)))
+        out[table] = changes.filter("_change_type IN ('insert', 'update_postimage')").count()
+    return out
+
+
+def record(spark: SparkSession, cfg: ErgConfig, consumer: str, tables: list[str]) -> dict[str, int]:
+    """Set ``consumer``'s watermark to the tables' current versions."""
+    versions = {table: table_version(spark, cfg, table) for table in tables}
+    marks = _read(cfg)
+    marks[consumer] = versions
+    path = _path(cfg)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(marks, indent=2))
+    tmp.replace(path)
+    return versions
