@@ -349,7 +349,7 @@ def _train(cfg: TrainConfig, collective: _Collective, device: torch.device,
             if epoch == 0:
                 shard.extend(row_ids.tolist())
             loss = teacher_forcing_loss(forward, features.to(device), tokens.to(device), vocab.pad_id)
-            optimizer.zero_grad(set_to_none=True)
+            optimizer.zero_grad()  # Horovod's DistributedOptimizer takes no set_to_none; torch defaults to it
             loss.backward()
             collective.step(optimizer, model, cfg.grad_clip)
             value = collective.mean(float(loss.detach()), device)

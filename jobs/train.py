@@ -1,0 +1,277 @@
+"""``erg train``: train a captioner on ``training_set`` with Spark's TorchDistributor (or Horovod) (ERG step 4).
+
+The training pairs are the ``train`` split of the ``training_set`` view: the original stylized pairs, plus the
+augmented pairs (``origin = 'augmented'``) when ``train.use_augmented`` is on, restricted to the conf's styles, each
+joined with its image's vector from ``embeddings`` (the encoder version of the most recent image embedding). Pairs
+whose image has no vector are counted per origin and logged, never lost silently.
+
+The pairs are written once as a Parquet snapshot under ``<home>/models/captioner/<run id>/data`` (by Spark, or by
+petastorm's Spark converter with ``train.reader: petastorm``, which falls back to Spark Parquet with a warning and
+the MLflow tag ``erg.reader_fallback`` where petastorm cannot be imported); every worker process of
+:func:`models.captioner_training.train_worker` reads those files. Workers run under
+``TorchDistributor(num_processes, local_mode, use_gpu)`` (DDP: gloo on CPU, nccl on GPU), or under
+``horovod.spark.run(..., use_gloo=True)`` with ``train.backend: horovod``.
+
+The model (weights, vocabulary, config) goes to ``.../<run id>/model``, is logged as MLflow artifacts and becomes
+the current ``captioner_original`` or ``captioner_augmented`` (the *variant*, tag ``erg.captioner_variant``), which
+``erg evaluate`` compares in the layout of the paper's Table 2.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from jobs.config import ErgConfig
+from jobs.model_store import model_dir, set_current
+from jobs.tables import read_table
+from jobs.tracking import job_run, log_counts
+
+logger = logging.getLogger(__name__)
+
+VARIANTS = ("original", "augmented")
+ORIGINS = ("original", "augmented")
+INSTALL_HOROVOD = "scripts/install_horovod.sh"
+SUMMARY_FILE = "train_summary.json"
+
+
+def captioner_variant(cfg: ErgConfig) -> str:
+    """``augmented`` when the conf trains on original + augmented pairs, else ``original``."""
+    return "augmented" if cfg.train.use_augmented else "original"
+
+
+def captioner_kind(variant: str) -> str:
+    """The model-store kind of a variant's current captioner, e.g. ``captioner_augmented``."""
+    if variant not in VARIANTS:
+        raise ValueError(f"captioner variant must be one of {list(VARIANTS)}, got {variant!r}")
+    return f"captioner_{variant}"
+
+
+def latest_image_encoder(spark: SparkSession, cfg: ErgConfig) -> str:
+    """The encoder version of the most recent image embedding; RuntimeError if ``embeddings`` has no image rows."""
+    row = (read_table(spark, cfg, "embeddings")
+           .filter((F.col("item_kind") == "image") & (F.col("modality") == "image"))
+           .orderBy(F.col("created_at").desc(), F.col("encoder_version")).select("encoder_version").first())
+    if row is None:
+        raise RuntimeError("embeddings holds no image vectors (item_kind 'image'): run `erg embed` first")
+    return row.encoder_version
+
+
+def image_vectors(spark: SparkSession, cfg: ErgConfig, encoder_version: str) -> DataFrame:
+    """``image_id, features`` of every image embedded by ``encoder_version``."""
+    return (read_table(spark, cfg, "embeddings")
+            .filter((F.col("item_kind") == "image") & (F.col("modality") == "image")
+                    & (F.col("encoder_version") == encoder_version))
+            .select(F.col("item_id").alias("image_id"), F.col("vector").alias("features"))
+            .dropDuplicates(["image_id"]))
+
+
+def training_pairs(spark: SparkSession, cfg: ErgConfig) -> DataFrame:
+    """The ``train`` split of ``training_set`` for the conf's styles: original pairs, plus augmented ones if on."""
+    origins = list(ORIGINS) if cfg.train.use_augmented else ["original"]
+    return (read_table(spark, cfg, "training_set")
+            .filter((F.col("split") == "train") & F.col("origin").isin(origins) & F.col("style").isin(cfg.styles))
+            .select("pair_id", "image_id", "caption", "style", "origin"))
+
+
+def with_image_vectors(pairs: DataFrame, vectors: DataFrame) -> tuple[DataFrame, dict[str, int], list[str]]:
+    """Pairs left-joined with their image vector (``features`` null where the image has none; cached, so unpersist
+    it when done); the counts per origin, ``rows.<origin>`` (with a vector) and ``rows_without_vector.<origin>``;
+    and the styles that have pairs with a vector."""
+    joined = pairs.join(vectors, "image_id", "left").cache()  # counted, then written: join once
+    counts = {f"{key}.{origin}": 0 for origin in ORIGINS for key in ("rows", "rows_without_vector")}
+    styles: set[str] = set()
+    for row in joined.groupBy("origin", "style", F.col("features").isNull().alias("missing")).count().collect():
+        counts[f"{'rows_without_vector' if row.missing else 'rows'}.{row.origin}"] += row["count"]
+        if not row.missing:
+            styles.add(row.style)
+    return joined, counts, sorted(styles)
+
+
+def petastorm_files(spark: SparkSession, frame: DataFrame, folder: Path) -> list[str]:
+    """Materialise ``frame`` with petastorm's Spark converter into ``folder``; its Parquet files as local paths.
+
+    Raises ImportError where petastorm cannot be imported (petastorm 0.12/0.13 need ``pyarrow.filesystem``, which
+    pyarrow >= 18, as pyspark 4.2 requires, no longer has).
+    """
+    from petastorm.spark import SparkDatasetConverter, make_spark_converter
+
+    folder.mkdir(parents=True, exist_ok=True)
+    spark.conf.set(SparkDatasetConverter.PARENT_CACHE_DIR_URL_CONF, folder.resolve().as_uri())
+    converter = make_spark_converter(frame)
+    return sorted(urlparse(url).path for url in converter.file_urls)
+
+
+def write_snapshot(spark: SparkSession, frame: DataFrame, folder: Path, reader: str) -> tuple[list[str], str | None]:
+    """Write the training pairs once for every worker; returns (Parquet files, reason of a fallback or None).
+
+    ``reader`` ``parquet`` writes Spark Parquet; ``petastorm`` uses petastorm's converter and, where petastorm
+    cannot be imported, warns and falls back to Spark Parquet, returning the import error as the reason.
+    """
+    if reader not in ("parquet", "petastorm"):
+        raise ValueError(f"reader must be 'parquet' or 'petastorm', got {reader!r}")
+    if reader == "petastorm":
+        try:
+            return petastorm_files(spark, frame, folder / "petastorm"), None
+        except ImportError as err:
+            reason = f"{type(err).__name__}: {err}"
+            message = f"train.reader=petastorm cannot run here ({reason}); reading the Spark Parquet snapshot instead"
+            logger.warning(message)
+            warnings.warn(message, RuntimeWarning, stacklevel=2)
+            fallback = reason
+    else:
+        fallback = None
+    target = folder / "parquet"
+    frame.write.mode("overwrite").parquet(str(target))
+    files = sorted(str(p) for p in target.glob("*.parquet"))
+    if not files:
+        raise RuntimeError(f"the training snapshot in {target} has no Parquet files")
+    return files, fallback
+
+
+def check_hparams(cfg: ErgConfig) -> None:
+    """ValueError naming the allowed keys when ``train.hparams`` has one the captioner kind does not take."""
+    from models.captioners import captioner_hparams
+
+    allowed = captioner_hparams(cfg.train.captioner)
+    unknown = sorted(set(cfg.train.hparams) - set(allowed))
+    if unknown:
+        raise ValueError(f"train.hparams has unknown keys {unknown} for captioner {cfg.train.captioner!r}; "
+                         f"allowed: {sorted(allowed)}")
+
+
+def worker_config(cfg: ErgConfig, train_paths: list[str], output_dir: Path) -> dict[str, Any]:
+    """The ``config`` dict of :func:`models.captioner_training.train_worker` for the conf's ``train`` section."""
+    t = cfg.train
+    return {"train_paths": list(train_paths), "output_dir": str(output_dir), "kind": t.captioner,
+            "hparams": dict(t.hparams), "min_count": t.min_count, "max_words": t.max_words, "epochs": t.epochs,
+            "batch_size": t.batch_size, "lr": t.lr, "weight_decay": t.weight_decay, "grad_clip": t.grad_clip,
+            "seed": t.seed, "device": "cuda" if t.use_gpu else "cpu",
+            "backend": "horovod" if t.backend == "horovod" else "ddp"}
+
+
+def train_and_record(config: dict[str, Any]) -> dict[str, Any] | None:
+    """:func:`models.captioner_training.train_worker`, with rank 0's summary also written as JSON to
+    ``<output_dir>/train_summary.json``.
+
+    TorchDistributor's local mode has every process pickle its return value to one file, so the driver gets the
+    value of whichever process finishes last (None from a rank other than 0); the file written by rank 0 is the
+    reliable channel, in local and in distributed mode alike.
+    """
+    from models.captioner_training import train_worker
+
+    summary = train_worker(config)
+    if summary is not None:
+        path = Path(config["output_dir"]) / SUMMARY_FILE
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(summary))
+        tmp.replace(path)
+    return summary
+
+
+def run_distributed(cfg: ErgConfig, config: dict[str, Any]) -> dict[str, Any]:
+    """Run :func:`train_and_record` (``config`` from :func:`worker_config`) on ``train.num_processes`` processes;
+    rank 0's summary.
+
+    ``torch_distributor``: ``TorchDistributor(num_processes, local_mode, use_gpu).run`` (local_mode null = true
+    locally, false on Databricks). ``horovod``: ``horovod.spark.run(num_proc=..., use_gloo=True)``; an ImportError
+    naming :data:`INSTALL_HOROVOD` where Horovod is not installed.
+    """
+    from models.captioner_training import HOROVOD_INSTALL_HINT
+
+    t = cfg.train
+    if t.backend == "horovod":
+        try:
+            import horovod.spark as horovod_spark
+        except ImportError as err:
+            raise ImportError(f"train.backend=horovod but Horovod cannot be imported ({err}): run "
+                              f"{INSTALL_HOROVOD} (builds horovod 0.28.1 into this venv), or set "
+                              f"train.backend=torch_distributor. {HOROVOD_INSTALL_HINT}") from err
+        horovod_spark.run(train_and_record, args=(config,), num_proc=t.num_processes, use_gloo=True, use_mpi=False)
+    else:
+        from pyspark.ml.torch.distributor import TorchDistributor
+
+        local_mode = t.local_mode if t.local_mode is not None else cfg.platform != "databricks"
+        TorchDistributor(num_processes=t.num_processes, local_mode=local_mode,
+                         use_gpu=t.use_gpu).run(train_and_record, config)
+    path = Path(config["output_dir"]) / SUMMARY_FILE
+    if not path.is_file():
+        raise RuntimeError(f"training finished without rank 0's summary {path}: see the workers' output above")
+    return json.loads(path.read_text())
+
+
+def _log_loss_curve(run_id: str, summary: dict[str, Any]) -> None:
+    """Every step's loss (mean over ranks) and every epoch's mean loss as MLflow metric histories."""
+    from mlflow.entities import Metric
+    from mlflow.tracking import MlflowClient
+
+    now = int(time.time() * 1000)
+    metrics = [Metric("loss", float(v), now, step) for step, v in enumerate(summary["losses"], start=1)]
+    metrics += [Metric("epoch_loss", float(v), now, epoch) for epoch, v in enumerate(summary["epoch_losses"])]
+    client = MlflowClient()
+    for start in range(0, len(metrics), 1000):  # log_batch takes at most 1000 metrics
+        client.log_batch(run_id, metrics=metrics[start:start + 1000])
+
+
+def train(spark: SparkSession, cfg: ErgConfig) -> dict[str, Any]:
+    """Train the conf's captioner variant; returns the counts it logged, the losses, the model path and run id."""
+    import mlflow
+
+    variant = captioner_variant(cfg)
+    t = cfg.train
+    check_hparams(cfg)
+    encoder_version = latest_image_encoder(spark, cfg)
+    with job_run(cfg, "train", sections=("train",),
+                 params={"variant": variant, "encoder_version": encoder_version}) as run:
+        run_id = run.info.run_id
+        mlflow.set_tags({"erg.captioner_variant": variant, "erg.encoder_version": encoder_version,
+                         "erg.backend": t.backend})
+        joined, counts, styles = with_image_vectors(training_pairs(spark, cfg),
+                                                    image_vectors(spark, cfg, encoder_version))
+        try:
+            missing = {k: v for k, v in counts.items() if k.startswith("rows_without_vector") and v}
+            if missing:
+                logger.warning("training pairs without an image vector of encoder %s are left out: %s",
+                               encoder_version, missing)
+            total = sum(counts[f"rows.{origin}"] for origin in ORIGINS)
+            if total == 0:
+                raise RuntimeError(f"no training pairs with an image vector (encoder {encoder_version}): {counts}; "
+                                   "run `erg ingest` and `erg embed` first")
+            if t.use_augmented and counts["rows.augmented"] == 0:
+                raise RuntimeError("train.use_augmented is true but training_set has no augmented pairs with an "
+                                   "image vector: run `erg generate` first, or set train.use_augmented=false")
+            folder = model_dir(cfg, "captioner", run_id)
+            pairs = joined.filter(F.col("features").isNotNull()).select("features", "style", "caption", "origin",
+                                                                         "pair_id", "image_id")
+            files, fallback = write_snapshot(spark, pairs, folder / "data", t.reader)
+        finally:
+            joined.unpersist()
+        mlflow.set_tag("erg.reader", "parquet" if fallback else t.reader)
+        if fallback:
+            mlflow.set_tag("erg.reader_fallback", fallback[:5000])
+        config = worker_config(cfg, files, folder / "model")
+        started = time.time()
+        summary = run_distributed(cfg, config)
+        counts.update({"rows": total, "train_seconds": time.time() - started, "loss_first": summary["loss_first"],
+                       "loss_last": summary["loss_last"], "steps": summary["steps"],
+                       "world_size": summary["world_size"], "vocab_size": summary["vocab_size"],
+                       "snapshot_files": len(files)})
+        log_counts(counts)
+        _log_loss_curve(run_id, summary)
+        mlflow.log_artifacts(str(folder / "model"), "captioner")  # weights, vocabulary, config, train_summary.json
+        current = {"path": str(folder / "model"), "version": run_id, "variant": variant, "kind": t.captioner,
+                   "styles": styles, "encoder_version": encoder_version, "rows": total,
+                   "rows_augmented": counts["rows.augmented"], "loss_first": summary["loss_first"],
+                   "loss_last": summary["loss_last"], "backend": summary["backend"],
+                   "world_size": summary["world_size"]}
+        set_current(cfg, captioner_kind(variant), current)
+        return {**counts, "run_id": run_id, "variant": variant, "model_path": current["path"], "styles": styles,
+                "encoder_version": encoder_version, "losses": summary["losses"], "backend": summary["backend"],
+                "reader": "parquet" if fallback else t.reader, "reader_fallback": fallback}
