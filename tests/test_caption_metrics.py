@@ -47,7 +47,7 @@ def independent_bleu(references: dict[str, list[str]], hypotheses: dict[str, str
 
 
 def java_children() -> list[int]:
-    """Java processes whose parent is this test process."""
+    """Java processes whose parent is this test process, other than a Spark gateway JVM other tests started."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -57,7 +57,7 @@ def java_children() -> list[int]:
         except OSError:
             continue
         parent = int(stat.rsplit(")", 1)[1].split()[1])
-        if parent == os.getpid() and b"java" in cmdline:
+        if parent == os.getpid() and b"java" in cmdline and b"SparkSubmit" not in cmdline:
             found.append(int(entry.name))
     return found
 
