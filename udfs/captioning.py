@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator, Mapping
 import numpy as np
 import pandas as pd
 
-from udfs.runtime import cached_model, limit_threads, rebatch, task_device
+from udfs.runtime import cached_model, cached_style_classifier, cached_style_lms, limit_threads, rebatch, task_device
 
 HYPOTHESIS_DDL = ("variant string, image_id string, style string, hypothesis string, predicted_style string, "
                   "style_probability double, perplexity double")
@@ -76,17 +76,13 @@ def make_captioner_evaluator(captioner_paths: Mapping[str, str], classifier_path
 
     def evaluate_batches(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         from models.captioners import load_captioner
-        from models.style_classifier import load_style_classifier
-        from models.trigram_lm import StyleLanguageModels
 
         limit_threads()
         dev = task_device(device)
         captioners = {variant: cached_model(("captioner", path, dev), lambda p=path: load_captioner(p, device=dev))
                       for variant, path in paths.items()}
-        clf = cached_model(("style_classifier", classifier_path, dev, classifier_max_length),
-                           lambda: load_style_classifier(classifier_path, None, device=dev,
-                                                         max_length=classifier_max_length))
-        lms = cached_model(("style_lms", lm_path), lambda: StyleLanguageModels.load(lm_path))
+        clf = cached_style_classifier(classifier_path, dev, classifier_max_length)
+        lms = cached_style_lms(lm_path)
         for frame in rebatch(frames, batch_size):
             yield caption_batch(frame, captioners, clf, lms, max_len)
 

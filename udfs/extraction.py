@@ -5,7 +5,7 @@ from typing import Callable, Iterator
 
 import pandas as pd
 
-from udfs.runtime import cached_model, limit_threads, task_device
+from udfs.runtime import cached_style_classifier, limit_threads, task_device
 
 STYLE_PHRASE_COLUMNS = ["scene_id", "style", "caption", "tokens", "importance", "style_phrase", "phrase_words",
                         "phrase_mask", "content", "layer", "head", "eps"]
@@ -32,13 +32,10 @@ def make_extractor(model_path: str, layer: int, head: int, eps: float, batch_siz
     """A mapInPandas function: (scene_id, style, caption) batches -> style_phrases rows."""
 
     def extract_batches(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-        from models.style_classifier import load_style_classifier
         from models.style_phrases import extract_style_phrases
 
         limit_threads()
-        dev = task_device(device)
-        clf = cached_model(("style_classifier", model_path, dev, max_length),
-                           lambda: load_style_classifier(model_path, None, device=dev, max_length=max_length))
+        clf = cached_style_classifier(model_path, task_device(device), max_length)
         for frame in frames:
             if frame.empty:
                 continue
@@ -46,27 +43,3 @@ def make_extractor(model_path: str, layer: int, head: int, eps: float, batch_siz
             yield phrases_frame(frame, records)
 
     return extract_batches
-
-
-def make_style_scorer(model_path: str, batch_size: int, device: str, max_length: int,
-                      text_column: str) -> Callable[[Iterator[pd.DataFrame]], Iterator[pd.DataFrame]]:
-    """A mapInPandas function adding ``predicted_style`` and ``style_probability`` (of the target ``style``)."""
-
-    def score_batches(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-        from models.style_classifier import load_style_classifier
-
-        limit_threads()
-        dev = task_device(device)
-        clf = cached_model(("style_classifier", model_path, dev, max_length),
-                           lambda: load_style_classifier(model_path, None, device=dev, max_length=max_length))
-        for frame in frames:
-            if frame.empty:
-                continue
-            proba = clf.predict_proba(frame[text_column].tolist(), batch_size=batch_size)
-            out = frame.copy()
-            out["predicted_style"] = [clf.labels[i] for i in proba.argmax(axis=1)]
-            out["style_probability"] = [float(proba[row, clf.label_index(style)])
-                                        for row, style in enumerate(frame["style"])]
-            yield out
-
-    return score_batches

@@ -10,7 +10,8 @@ from typing import Callable, Iterator
 
 import pandas as pd
 
-from udfs.runtime import cached_model, limit_threads, task_device
+from udfs.runtime import (cached_model, cached_style_classifier, cached_style_lms, limit_threads,
+                          task_device)
 
 
 def make_generator(model_path: str, kind: str, decoding: dict, device: str, max_source_len: int,
@@ -61,15 +62,9 @@ def make_candidate_scorer(classifier_path: str, classifier_max_length: int, lm_p
                           min_similarity: float, batch_size: int,
                           device: str) -> Callable[[Iterator[pd.DataFrame]], Iterator[pd.DataFrame]]:
     def score_batches(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-        from models.style_classifier import load_style_classifier
-        from models.trigram_lm import StyleLanguageModels
-
         limit_threads()
-        dev = task_device(device)
-        clf = cached_model(("style_classifier", classifier_path, dev, classifier_max_length),
-                           lambda: load_style_classifier(classifier_path, None, device=dev,
-                                                         max_length=classifier_max_length))
-        lms = cached_model(("style_lms", lm_path), lambda: StyleLanguageModels.load(lm_path))
+        clf = cached_style_classifier(classifier_path, task_device(device), classifier_max_length)
+        lms = cached_style_lms(lm_path)
         for frame in frames:
             if not frame.empty:
                 yield score_candidates(frame, clf, lms, ppl_max, min_similarity, batch_size)

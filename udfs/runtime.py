@@ -69,3 +69,18 @@ def rebatch(frames: Iterable[pd.DataFrame], size: int) -> Iterator[pd.DataFrame]
             pending, count = ([rest] if len(rest) else []), len(rest)
     if count:
         yield pd.concat(pending, ignore_index=True)
+
+
+def cached_style_classifier(path: str, device: str, max_length: int):
+    """The trained style classifier at ``path`` (labels read from it), once per process and device."""
+    from models.style_classifier import load_style_classifier
+
+    return cached_model(("style_classifier", path, device, max_length),
+                        lambda: load_style_classifier(path, None, device=device, max_length=max_length))
+
+
+def cached_style_lms(path: str):
+    """The per-style trigram LMs saved at ``path``, once per process."""
+    from models.trigram_lm import StyleLanguageModels
+
+    return cached_model(("style_lms", path), lambda: StyleLanguageModels.load(path))
