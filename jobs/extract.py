@@ -7,12 +7,9 @@ an iterator pandas UDF splits every stylized caption into style phrase and conte
 """
 from __future__ import annotations
 
-import datetime as dt
-import json
 import tempfile
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
@@ -110,7 +107,6 @@ def phrase_quality(phrases: pd.DataFrame, factual: pd.DataFrame, stylized_all: p
 
 
 def extract(spark: SparkSession, cfg: ErgConfig, *, incremental: bool = False) -> dict:
-    from models.style_classifier import load_style_classifier
     from models.style_phrases import StylePhrase, select_style_head
     from models.importance_render import confidence_heatmap_png, importance_html, importance_png
 
