@@ -5,8 +5,10 @@ through :func:`models.backbones.resolve_model_path` and ``AutoModelForSequenceCl
 a classification head gets a new one sized to the labels. Attention is forced to the ``eager`` implementation so that
 ``output_attentions=True`` returns the softmax attention maps the attention scorer (paper Eq. 1) reads.
 
-Labels: ``labels[0]`` is the factual (unstylized) class, ``labels[1:]`` are the styles, e.g.
-``["factual", "humor", "romantic", "positive", "negative"]``. Captions are classified as their word sequence
+Labels: with ``with_factual=True`` (the default) ``labels[0]`` is the factual (unstylized) class and ``labels[1:]``
+are the styles, e.g. ``["factual", "humor", "romantic"]``; with ``with_factual=False`` every label is a style, as for
+the extractor's per-style-set classifier (``["humor", "romantic"]``, paper Sect. 3.1). The choice is saved in the
+model config (``erg_with_factual``), so a saved classifier loads back the same way. Captions are classified as their word sequence
 (:func:`models.text.caption_words`, fed with ``is_split_into_words=True``), the same segmentation that the
 attention scorer and the phrase extraction use, so a caption with words removed is classified exactly as the
 extractor sees it. Words past ``max_length`` word pieces are truncated.
@@ -31,13 +33,15 @@ from models.text import caption_words
 StepCallback = Callable[[int, dict], None]
 
 
-def validate_labels(labels: Sequence[str]) -> list[str]:
-    """Check classifier labels: factual first, then at least one style, all distinct non-empty strings."""
+def validate_labels(labels: Sequence[str], with_factual: bool = True) -> list[str]:
+    """Check classifier labels, all distinct non-empty strings: factual first, then at least one style
+    (``with_factual``), or at least two styles."""
     if isinstance(labels, str) or not isinstance(labels, Sequence):
         raise ValueError(f"labels must be a list like ['factual', 'humor', 'romantic'], got {labels!r}")
     labels = list(labels)
     if len(labels) < 2:
-        raise ValueError(f"labels need the factual class first and at least one style, got {labels!r}")
+        raise ValueError(f"labels need the factual class first and at least one style, got {labels!r}" if with_factual
+                         else f"labels of a classifier without a factual class need at least two styles, got {labels!r}")
     bad = [label for label in labels if not isinstance(label, str) or not label.strip()]
     if bad:
         raise ValueError(f"labels must be non-empty strings, got {bad!r} in {labels!r}")
@@ -71,8 +75,9 @@ class StyleClassifier:
     """
 
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, labels: Sequence[str],
-                 device: torch.device, max_length: int = 64) -> None:
-        self.labels = validate_labels(labels)
+                 device: torch.device, max_length: int = 64, with_factual: bool = True) -> None:
+        self.labels = validate_labels(labels, with_factual)
+        self.with_factual = bool(with_factual)
         if model.config.num_labels != len(self.labels):
             raise ValueError(f"model has {model.config.num_labels} outputs but {len(self.labels)} labels were given")
         if not getattr(tokenizer, "is_fast", False):
@@ -85,14 +90,14 @@ class StyleClassifier:
         self.max_length = int(max_length)
 
     @property
-    def factual_label(self) -> str:
-        """The unstylized class (``labels[0]``)."""
-        return self.labels[0]
+    def factual_label(self) -> Optional[str]:
+        """The unstylized class (``labels[0]``), or None for a classifier over styles only."""
+        return self.labels[0] if self.with_factual else None
 
     @property
     def styles(self) -> list[str]:
         """The style labels (all but the factual class)."""
-        return self.labels[1:]
+        return self.labels[1:] if self.with_factual else list(self.labels)
 
     @property
     def num_layers(self) -> int:
@@ -155,6 +160,7 @@ class StyleClassifier:
         """Write model (labels in its config) and tokenizer with ``save_pretrained``; returns the folder."""
         folder = Path(path)
         folder.mkdir(parents=True, exist_ok=True)
+        self.model.config.erg_with_factual = self.with_factual
         self.model.save_pretrained(folder)
         self.tokenizer.save_pretrained(folder)
         return folder
@@ -192,21 +198,27 @@ def check_batch_size(batch_size: int) -> None:
 
 
 def load_style_classifier(name_or_path: str, labels: Optional[Sequence[str]] = None, device: str = "auto",
-                          max_length: int = 64) -> StyleClassifier:
+                          max_length: int = 64, with_factual: Optional[bool] = None) -> StyleClassifier:
     """Load a BERT-family checkpoint as a style classifier.
 
     ``labels=None`` reads the labels of a saved style classifier from its config (ValueError for a bare backbone).
     Given labels put a new head on a backbone; a saved style classifier must carry the same labels.
+    ``with_factual=None`` takes what a saved classifier recorded (else True: ``labels[0]`` is the factual class).
     """
     path = resolve_model_path(name_or_path)
     config = AutoConfig.from_pretrained(path)
     saved = _checkpoint_labels(config)
+    saved_with_factual = getattr(config, "erg_with_factual", None) if saved is not None else None
+    if with_factual is None:
+        with_factual = True if saved_with_factual is None else bool(saved_with_factual)
+    elif saved_with_factual is not None and bool(saved_with_factual) != with_factual:
+        raise ValueError(f"{name_or_path!r} was saved with with_factual={saved_with_factual}, not {with_factual}")
     if labels is None:
         if saved is None:
             raise ValueError(f"{name_or_path!r} has no trained style head: pass labels, e.g. "
                              "['factual', 'humor', 'romantic']")
         labels = saved
-    labels = validate_labels(labels)
+    labels = validate_labels(labels, with_factual)
     if saved is not None and saved != labels:
         raise ValueError(f"{name_or_path!r} was trained for labels {saved}, not {labels}: pass labels=None or "
                          "those labels, or fine-tune from the backbone")
@@ -214,7 +226,7 @@ def load_style_classifier(name_or_path: str, labels: Optional[Sequence[str]] = N
         path, num_labels=len(labels), id2label=dict(enumerate(labels)),
         label2id={label: index for index, label in enumerate(labels)}, attn_implementation="eager")
     tokenizer = AutoTokenizer.from_pretrained(path)
-    return StyleClassifier(model, tokenizer, labels, pick_device(device), max_length)
+    return StyleClassifier(model, tokenizer, labels, pick_device(device), max_length, with_factual)
 
 
 def _parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:

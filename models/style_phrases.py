@@ -13,8 +13,9 @@ The top-k words are taken by importance, ties going to the earlier word; the phr
 
 Eq. 2, head selection. For every (l, h), the top-k words under (l, h) are removed from each stylized caption y of
 style s and the classifier's confidence c(h, l, y) = p(s | y minus words) / sum_{s' != s} p(s' | y minus words)
-is measured, s' running over the other styles (the factual class is not in the sum, so at least two styles are
-needed). The mean over the selection set gives a confidence matrix [L, H]; (l_s, h_s) is its argmin (the head
+is measured, s' running over S', the other styles of s's style set (the factual class is never in the sum, so at
+least two styles are needed). With the extractor's per-set classifier (labels = the set's styles) S' is simply the
+classifier's other styles; ``comparison_styles`` gives S' explicitly for a classifier spanning several sets. The mean over the selection set gives a confidence matrix [L, H]; (l_s, h_s) is its argmin (the head
 whose top words carry the style). Captions with k = 0 cannot move the confidence and are left out of the set.
 Per batch this costs one forward pass with attentions and one batched forward pass of the reduced captions; the
 L*H reduced variants of a caption are deduplicated (heads often agree on the top words) before classification.
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 import numpy as np
 import torch
@@ -156,11 +157,38 @@ class HeadSelection:
                 "n_captions": self.n_captions}
 
 
+def eq2_confidence(log_proba: np.ndarray, own: int, others: Sequence[int]) -> np.ndarray:
+    """Eq. 2 from log-probabilities ``[..., n_labels]``: p(own) / sum of p(others), computed in log space."""
+    log_proba = np.asarray(log_proba, dtype=np.float64)
+    others = list(others)
+    if not others:
+        raise ValueError("Eq. 2 needs at least one other style s' to compare against")
+    if own in others:
+        raise ValueError(f"the style's own column {own} cannot also be among the other styles {others}")
+    return np.exp(log_proba[..., own] - np.logaddexp.reduce(log_proba[..., others], axis=-1))
+
+
+def comparison_columns(clf: StyleClassifier,
+                       comparison_styles: Optional[Mapping[str, Sequence[str]]] = None) -> dict[str, list[int]]:
+    """Per style of the classifier, the label columns of S' (its other styles, or ``comparison_styles[style]``)."""
+    out = {}
+    for style in clf.styles:
+        others = [s for s in clf.styles if s != style] if comparison_styles is None else \
+            list(comparison_styles.get(style, []))
+        bad = [s for s in others if s not in clf.styles or s == style]
+        if bad:
+            raise ValueError(f"S' of {style!r} must be other styles of the classifier {clf.styles}, got {bad}")
+        out[style] = [clf.label_index(s) for s in others]
+    return out
+
+
 def head_confidence(clf: StyleClassifier, captions: Sequence[str], styles: Sequence[str], eps: float = DEFAULT_EPS,
-                    batch_size: int = 32) -> np.ndarray:
+                    batch_size: int = 32,
+                    comparison_styles: Optional[Mapping[str, Sequence[str]]] = None) -> np.ndarray:
     """Eq. 2 per caption: c(h, l, y) after removing the top-k words under each (l, h) -> array [n, L, H].
 
     Every caption needs k >= 1 (at least two words); see :func:`select_style_head` for the selection set.
+    ``comparison_styles`` maps a style to S' (default: the classifier's other styles).
     """
     eps = validate_eps(eps)
     check_batch_size(batch_size)
@@ -172,6 +200,10 @@ def head_confidence(clf: StyleClassifier, captions: Sequence[str], styles: Seque
     if unknown:
         raise ValueError(f"styles {unknown} are not stylized labels of the classifier: allowed are {clf.styles}")
     word_lists = [caption_words(caption) for caption in captions]
+    columns = comparison_columns(clf, comparison_styles)
+    empty = sorted({style for style in styles if not columns[style]})
+    if empty:
+        raise ValueError(f"Eq. 2 compares a style against the other styles of its set: {empty} have none")
     short = [caption for caption, words in zip(captions, word_lists) if phrase_size(len(words), eps) == 0]
     if short:
         raise ValueError(f"captions need at least two words for head selection, got {short[:3]!r}")
@@ -188,19 +220,14 @@ def head_confidence(clf: StyleClassifier, captions: Sequence[str], styles: Seque
                     reduced = tuple(word for word, removed in zip(words, masks[layer, head]) if not removed)
                     variant_of[row, layer, head] = variants.setdefault(reduced, len(variants))
         log_proba = clf.log_proba_words(list(variants), batch_size=batch_size)  # dict keeps insertion order
-        style_columns = [clf.label_index(style) for style in clf.styles]
         for row, style in enumerate(styles[start:start + batch_size]):
-            own = clf.label_index(style)
-            others = [column for column in style_columns if column != own]
-            rows = log_proba[variant_of[row]]  # [L, H, n_labels]
-            others_log = np.logaddexp.reduce(rows[..., others], axis=-1)
-            out[start + row] = np.exp(rows[..., own] - others_log)
+            out[start + row] = eq2_confidence(log_proba[variant_of[row]], clf.label_index(style), columns[style])
     return out
 
 
 def select_style_head(clf: StyleClassifier, captions: Sequence[str], styles: Sequence[str],
                       eps: float = DEFAULT_EPS, batch_size: int = 32, max_captions: Optional[int] = None,
-                      seed: int = 0) -> HeadSelection:
+                      seed: int = 0, comparison_styles: Optional[Mapping[str, Sequence[str]]] = None) -> HeadSelection:
     """Eq. 2: choose (l_s, h_s) minimising the mean confidence over stylized captions with their styles.
 
     Captions with fewer than two words are left out; ``max_captions`` samples that many of the rest (seeded).
@@ -218,7 +245,7 @@ def select_style_head(clf: StyleClassifier, captions: Sequence[str], styles: Seq
             chosen = np.random.default_rng(seed).choice(len(usable), size=max_captions, replace=False)
             usable = [usable[index] for index in sorted(chosen)]
     confidence = head_confidence(clf, [captions[index] for index in usable], [styles[index] for index in usable],
-                                 eps, batch_size).mean(axis=0)
+                                 eps, batch_size, comparison_styles).mean(axis=0)
     layer, head = np.unravel_index(int(np.argmin(confidence)), confidence.shape)
     return HeadSelection(layer=int(layer), head=int(head), confidence=confidence, eps=eps, n_captions=len(usable))
 

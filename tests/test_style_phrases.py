@@ -244,3 +244,66 @@ def test_table4_views_and_heatmap(tmp_path):
         confidence_heatmap_png(np.zeros((2, 4)), (2, 0), tmp_path / "bad.png")
     with pytest.raises(ValueError, match="differ in length"):
         importance_html(records, styles[:2])
+
+
+def test_eq2_uses_only_the_other_styles_of_the_set():
+    """Hand-made probabilities over [factual, humor, romantic, positive]: for humor in {humor, romantic}, S' is
+    romantic alone, so c = 0.5 / 0.2 = 2.5 (not 0.5 / (0.2 + 0.2), nor with factual in the sum)."""
+    from models.style_phrases import eq2_confidence
+
+    proba = np.array([[0.1, 0.5, 0.2, 0.2], [0.4, 0.1, 0.25, 0.25]])
+    log_proba = np.log(proba)
+    np.testing.assert_allclose(eq2_confidence(log_proba, own=1, others=[2]), [2.5, 0.4])
+    np.testing.assert_allclose(eq2_confidence(log_proba, own=1, others=[2, 3]), [1.25, 0.2])
+    stacked = np.broadcast_to(log_proba[:, None, None, :], (2, 3, 4, 4))  # [n, L, H, labels]
+    assert eq2_confidence(stacked, 1, [2]).shape == (2, 3, 4)
+    with pytest.raises(ValueError, match="at least one other style"):
+        eq2_confidence(log_proba, 1, [])
+    with pytest.raises(ValueError, match="cannot also be"):
+        eq2_confidence(log_proba, 1, [1, 2])
+
+
+class _FixedClassifier:
+    """A stand-in classifier over styles only, whose log-probabilities are fixed per caption."""
+
+    def __init__(self, labels, proba_by_words):
+        self.labels, self.styles, self.proba = labels, labels, proba_by_words
+
+    def label_index(self, label):
+        return self.labels.index(label)
+
+
+def test_comparison_columns_follow_the_style_sets():
+    from models.style_phrases import comparison_columns
+
+    clf = _FixedClassifier(["humor", "romantic", "positive", "negative"], None)
+    assert comparison_columns(clf) == {"humor": [1, 2, 3], "romantic": [0, 2, 3], "positive": [0, 1, 3],
+                                       "negative": [0, 1, 2]}
+    sets = {"humor": ["romantic"], "romantic": ["humor"], "positive": ["negative"], "negative": ["positive"]}
+    assert comparison_columns(clf, sets) == {"humor": [1], "romantic": [0], "positive": [3], "negative": [2]}
+    with pytest.raises(ValueError, match="other styles"):
+        comparison_columns(clf, {"humor": ["humor"]})
+
+
+def test_styles_only_classifier_round_trips(tmp_path):
+    """The extractor's per-set classifier has the set's styles as labels and no factual class."""
+    tokenizer = AutoTokenizer.from_pretrained(minilm_path())
+    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=64)
+    BertModel(config).save_pretrained(tmp_path / "tiny")
+    tokenizer.save_pretrained(tmp_path / "tiny")
+    clf = load_style_classifier(str(tmp_path / "tiny"), ["humor", "romantic"], device="cpu", max_length=16,
+                                with_factual=False)
+    assert clf.styles == clf.labels == ["humor", "romantic"] and clf.factual_label is None
+    again = StyleClassifier.load(clf.save(tmp_path / "clf"), device="cpu", max_length=16)
+    assert again.styles == ["humor", "romantic"] and again.factual_label is None
+    with pytest.raises(ValueError, match="with_factual"):
+        load_style_classifier(str(tmp_path / "clf"), ["humor", "romantic"], device="cpu", with_factual=True)
+    with pytest.raises(ValueError, match="at least two styles"):
+        load_style_classifier(str(tmp_path / "tiny"), ["humor"], device="cpu", with_factual=False)
+    words = [caption_words("a funny dog runs on the beach"), caption_words("a lovely girl in the park")]
+    confidence = __import__("models.style_phrases", fromlist=["head_confidence"]).head_confidence(
+        again, [" ".join(w) for w in words], ["humor", "romantic"], eps=0.25, batch_size=2)
+    proba = again.predict_proba([" ".join(w) for w in words])
+    assert confidence.shape == (2, 2, 2) and np.all(confidence > 0)
+    assert np.all(confidence[0] <= 1e6) and proba.shape == (2, 2)
