@@ -17,6 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 RETRIEVAL_TYPES = ("i2i", "i2t", "t2i", "t2t")
+DEFAULT_STYLE_SETS = {"flickrstyle": ["humor", "romantic"], "senticap": ["positive", "negative"]}
 
 
 class ConfigError(ValueError):
@@ -106,10 +107,10 @@ class IngestConf(_Section):
 
 class ClassifierConf(_Section):
     name_or_path: str = "all-MiniLM-L6-v2"
-    max_length: int = Field(64, ge=8)
+    max_length: int = Field(40, ge=8, description="word pieces per caption (captions are short; cost grows with it)")
     epochs: int = Field(3, ge=1)
     batch_size: int = Field(32, ge=1)
-    lr: float = Field(2e-5, gt=0)
+    lr: float = Field(1e-5, gt=0)
     weight_decay: float = Field(0.01, ge=0)
     warmup_ratio: float = Field(0.1, ge=0, lt=1)
     max_train_captions: Optional[int] = Field(None, ge=10, description="cap on training captions (null = all)")
@@ -117,10 +118,34 @@ class ClassifierConf(_Section):
     seed: int = 13
 
 
+class EvaluationClassifierConf(_Section):
+    kind: Literal["linear_probe", "finetune"] = Field(
+        "linear_probe", description="linear_probe: a logistic head per style over frozen mean-pooled sentence "
+        "embeddings; finetune: a fine-tuned BERT-family classifier per style (style vs factual)")
+    name_or_path: str = Field("all-MiniLM-L6-v2", description="sentence encoder (linear_probe) or backbone (finetune)")
+    max_length: int = Field(40, ge=8)
+    l2: float = Field(1e-3, ge=0, description="linear_probe: L2 penalty on the head's weights")
+    epochs: int = Field(1, ge=1, description="finetune: epochs")
+    batch_size: int = Field(32, ge=1)
+    lr: float = Field(2e-5, gt=0, description="finetune: AdamW learning rate")
+    max_train_captions: Optional[int] = Field(None, ge=10, description="cap on each style's positive training "
+                                              "captions (as many factual ones are drawn); null = all")
+    heldout_fraction: float = Field(0.1, gt=0, lt=1, description="share of factual images held out for accuracy")
+    seed: int = 29
+
+
 class ExtractConf(_Section):
     classifier: ClassifierConf = Field(default_factory=ClassifierConf)
+    classifier_overrides: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="per style set, classifier keys that differ from extract.classifier, "
+        "e.g. {senticap: {batch_size: 64, lr: 2.0e-5}}")
+    evaluation: EvaluationClassifierConf = Field(
+        default_factory=EvaluationClassifierConf, description="the per-style evaluation classifiers (paper Sect. "
+        "4.4): filter 1 of generate and cls. of evaluate")
     eps: float = Field(0.25, gt=0, lt=1, description="extraction proportion: share of words in a style phrase")
-    head_selection_captions: int = Field(512, ge=1, description="stylized captions used to choose (l_s, h_s)")
+    head_selection_captions: Optional[int] = Field(
+        1024, ge=1, description="train captions of a style set sampled to choose its (l_s, h_s); null = all "
+        "(benchmarks/style_classifiers.py --part heads measures how the choice varies with it)")
     batch_size: int = Field(64, ge=1)
     device: str = Field("auto", description="auto | cpu | cuda[:N]")
     table4_samples_per_style: int = Field(4, ge=1)
@@ -133,6 +158,11 @@ class EncoderConf(_Section):
     device: str = "auto"
     options: dict[str, Any] = Field(default_factory=dict, description="encoder options: sentence max_length; "
                                     "oscar pooling, max_seq_length, max_img_seq_length, tokenizer_name_or_path")
+
+    def classifier_for(self, style_set: str) -> ClassifierConf:
+        """The extractor classifier settings of one style set: ``classifier`` with that set's overrides."""
+        return ClassifierConf.model_validate({**self.classifier.model_dump(),
+                                              **self.classifier_overrides.get(style_set, {})})
 
 
 class IndexConf(_Section):
@@ -243,6 +273,10 @@ class ErgConfig(_Section):
     platform: Literal["local", "databricks"] = "local"
     home: str = Field(".erg", description="local state: warehouse, MLflow store, models, sample")
     styles: list[str] = Field(default_factory=lambda: ["humor", "romantic", "positive", "negative"], min_length=1)
+    style_sets: dict[str, list[str]] = Field(
+        default_factory=dict, description="style sets, each with its own extractor classifier, e.g. {flickrstyle: "
+        "[humor, romantic], senticap: [positive, negative]}; every style in exactly one set (default: those two, "
+        "restricted to styles)")
     factual_label: str = "factual"
     spark: SparkConf = Field(default_factory=SparkConf)
     tables: TablesConf = Field(default_factory=TablesConf)
@@ -266,11 +300,57 @@ class ErgConfig(_Section):
             raise ValueError("styles must be distinct")
         return styles
 
+    @model_validator(mode="before")
+    @classmethod
+    def _default_style_sets(cls, data: Any) -> Any:
+        if isinstance(data, dict) and not data.get("style_sets"):
+            styles = data.get("styles") or ["humor", "romantic", "positive", "negative"]
+            if isinstance(styles, list):
+                sets = {name: [s for s in members if s in styles] for name, members in DEFAULT_STYLE_SETS.items()}
+                data = {**data, "style_sets": {name: members for name, members in sets.items() if members}}
+        return data
+
     @model_validator(mode="after")
     def _factual_not_a_style(self) -> "ErgConfig":
         if self.factual_label in self.styles:
             raise ValueError(f"factual_label {self.factual_label!r} must not also be one of styles")
         return self
+
+    @model_validator(mode="after")
+    def _style_sets_partition_styles(self) -> "ErgConfig":
+        seen: dict[str, str] = {}
+        for name, members in self.style_sets.items():
+            if not re.fullmatch(r"[a-z][a-z0-9_]*", name):
+                raise ValueError(f"style_sets: set name {name!r} must be lower-case letters, digits and '_'")
+            for style in members:
+                if style not in self.styles:
+                    raise ValueError(f"style_sets.{name}: {style!r} is not one of styles {self.styles}")
+                if style in seen:
+                    raise ValueError(f"style_sets: {style!r} is in both {seen[style]!r} and {name!r}; every style "
+                                     "belongs to exactly one set")
+                seen[style] = name
+        missing = [s for s in self.styles if s not in seen]
+        if missing:
+            raise ValueError(f"style_sets: styles {missing} are in no set; add them, e.g. style_sets: "
+                             f"{{myset: [{', '.join(missing)}, ...]}}")
+        unknown = sorted(set(self.extract.classifier_overrides) - set(self.style_sets))
+        if unknown:
+            raise ValueError(f"extract.classifier_overrides names unknown style sets {unknown}: "
+                             f"sets are {sorted(self.style_sets)}")
+        for name in self.extract.classifier_overrides:
+            try:
+                self.extract.classifier_for(name)
+            except ValidationError as exc:
+                problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+                raise ValueError(f"extract.classifier_overrides.{name}: {problems}") from None
+        return self
+
+    def style_set_of(self, style: str) -> str:
+        """The style set ``style`` belongs to."""
+        for name, members in self.style_sets.items():
+            if style in members:
+                return name
+        raise ValueError(f"style {style!r} is in no style set: sets are {self.style_sets}")
 
     @property
     def labels(self) -> list[str]:
