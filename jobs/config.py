@@ -90,8 +90,20 @@ class SampleConf(_Section):
     bad_rows: bool = Field(True, description="include malformed rows, which must land in quarantine")
 
 
+class SplitConf(_Section):
+    """The paper's split recipe (Sect. 4.1), by image; see :func:`jobs.readers.protocol_splits`."""
+    seed: int = Field(2021, description="images are ranked by a hash of (seed, image id): same seed, same split")
+    flickrstyle_test_images: int = Field(1000, ge=0, description="FlickrStyle10K images in test (at most a "
+                                         "seventh of the set: the paper's 1,000 of 7,000)")
+    flickrstyle_val_fraction: float = Field(0.1, ge=0, lt=1, description="share of the other images moved to val")
+    senticap_val_images_per_style: int = Field(100, ge=0, description="SentiCap: non-test images per polarity moved "
+                                               "to val (at most a fifth of them); official val joins train; 0 = keep "
+                                               "the official splits")
+
+
 class IngestConf(_Section):
     sources: list[IngestSource] = Field(default_factory=list, description="files to ingest; empty = the sample")
+    splits: SplitConf = Field(default_factory=SplitConf)
     split_fractions: dict[str, float] = Field(
         default_factory=lambda: {"train": 0.8, "val": 0.1, "test": 0.1},
         description="rows whose source gives no split get one by a hash of their image id (train/val/test)")

@@ -1,7 +1,15 @@
 """``erg ingest``: the corpora's files -> stylized_captions, factual_captions, images, quarantine (Delta MERGE).
 
-Parsing is :mod:`jobs.readers` (pure pandas); this job only turns its rows into DataFrames, stamps the MLflow
-run id and ingest time, and MERGEs on the natural keys, so re-ingesting the same files adds nothing.
+Parsing and the paper's protocol (splits by image, duplicates counted, P without the stylized images, whose
+factual captions become their scene descriptions) are :mod:`jobs.readers` (pure pandas); this job only turns its
+rows into DataFrames, stamps the MLflow run id and ingest time, and MERGEs on the natural keys, so re-ingesting
+the same files adds nothing. An image already in ``stylized_captions`` keeps its split when new captions of it
+land, and its new factual captions are descriptions, not P.
+
+Logged: per table ``read`` / ``kept`` / ``inserted``; ``stylized_captions.duplicates``,
+``factual_captions.duplicates``, ``factual_captions.excluded_stylized_image`` (= ``images.descriptions``), stylized
+rows and images per split; per source the same in ``ingest_sources.json`` (read = kept + duplicates +
+descriptions + quarantined), examples of duplicates in ``duplicates.json``.
 """
 from __future__ import annotations
 
@@ -11,23 +19,27 @@ import pandas as pd
 from pyspark.sql import SparkSession
 
 from jobs.config import ErgConfig, IngestSource
-from jobs.readers import ReadResult, Reader, stable_id
+from jobs.readers import ReadResult, Reader, origin_counts, prepare, stable_id, tag_rows
 from jobs.sample import sample_exists, sample_sources, write_sample
-from jobs.tables import TABLES, merge_rows
+from jobs.tables import TABLES, merge_rows, table_name
 from jobs.tracking import job_run, log_counts
 
 TIME_COLUMN = {"quarantine": "quarantined_at"}
 
 
-def read_sources(cfg: ErgConfig, sources: list[IngestSource]) -> tuple[ReadResult, dict[str, dict]]:
+def read_sources(cfg: ErgConfig, sources: list[IngestSource],
+                 known_stylized_images: set[str] | frozenset[str] = frozenset()) -> tuple[ReadResult, dict[str, dict]]:
+    """Read every source and apply the protocol (:func:`jobs.readers.prepare`); returns the rows and per-source
+    counts (``read`` = stylized + factual + descriptions + duplicates + quarantine)."""
     reader = Reader(cfg.styles, cfg.factual_label)
-    total, per_source = ReadResult(), {}
+    total = ReadResult()
     for source in sources:
         options = source.model_dump(exclude={"format", "path"})
         result = reader.read(source.format, source.path, **options)
-        per_source[f"{source.name or source.format}:{source.path.rsplit('/', 1)[-1]}"] = result.counts()
-        total.extend(result)
-    return total, per_source
+        total.extend(tag_rows(result, f"{source.name or source.format}:{source.path.rsplit('/', 1)[-1]}",
+                              source.format))
+    prepare(total, cfg.ingest.splits, known_stylized_images)
+    return total, origin_counts(total)
 
 
 def assign_splits(frame: pd.DataFrame, fractions: dict[str, float]) -> pd.DataFrame:
@@ -58,6 +70,18 @@ def _to_spark(spark: SparkSession, frame: pd.DataFrame, table: str, run_id: str,
     return spark.createDataFrame(frame, schema=spec.schema)
 
 
+def _existing_stylized(spark: SparkSession, cfg: ErgConfig) -> dict[str, str]:
+    """image id -> split of the images already in ``stylized_captions`` (the most held-out split of its rows)."""
+    from pyspark.sql import functions as F
+
+    name = table_name(cfg, "stylized_captions")
+    if not spark.catalog.tableExists(name):
+        return {}
+    rank = F.when(F.col("split") == "test", 3).when(F.col("split") == "val", 2).when(F.col("split") == "train", 1)
+    rows = (spark.table(name).groupBy("image_id").agg(F.max(rank).alias("r")).collect())
+    return {r.image_id: {3: "test", 2: "val", 1: "train"}.get(r.r) for r in rows}
+
+
 def ingest(spark: SparkSession, cfg: ErgConfig, sources: list[IngestSource] | None = None) -> dict[str, int]:
     """Ingest ``sources`` (default: ``cfg.ingest.sources``, or the generated sample when that is empty)."""
     if sources is None:
@@ -66,17 +90,45 @@ def ingest(spark: SparkSession, cfg: ErgConfig, sources: list[IngestSource] | No
         if not sample_exists(cfg):
             write_sample(cfg)
         sources = sample_sources(cfg)
-    with job_run(cfg, "ingest", params={"sources": [s.path for s in sources]}) as run:
-        result, per_source = read_sources(cfg, sources)
+    params = {"sources": [s.path for s in sources], "splits": cfg.ingest.splits.model_dump()}
+    with job_run(cfg, "ingest", params=params) as run:
+        existing = _existing_stylized(spark, cfg)
+        result, per_source = read_sources(cfg, sources, known_stylized_images=set(existing))
         now = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+        frames = {table: assign_splits(frame, cfg.ingest.split_fractions) for table, frame in result.frames().items()}
+        stylized = frames["stylized_captions"]
+        if existing and not stylized.empty:  # an image already ingested keeps its split
+            before = stylized["split"].copy()
+            stylized["split"] = stylized["image_id"].map(existing).fillna(stylized["split"])
+            frames["stylized_captions"] = stylized
+            counts_kept_split = int((before != stylized["split"]).sum())
+        else:
+            counts_kept_split = 0
         counts: dict[str, int] = {}
-        for table, frame in result.frames().items():
-            frame = assign_splits(frame, cfg.ingest.split_fractions)
+        for table, frame in frames.items():
             df = _to_spark(spark, frame, table, run.info.run_id, now)
             stats = merge_rows(spark, cfg, table, df,
-                               fill_nulls=("uri", "tags", "width", "height") if table == "images" else ())
-            counts[f"{table}.read"] = len(frame)
+                               fill_nulls=("uri", "tags", "descriptions", "width", "height") if table == "images" else ())
+            counts[f"{table}.kept"] = len(frame)
             counts[f"{table}.inserted"] = stats["inserted"]
+            if table == "stylized_captions":
+                for split, n in frame["split"].value_counts().items():
+                    counts[f"stylized_captions.split.{split}"] = int(n)
+                for split, n in frame.drop_duplicates("image_id")["split"].value_counts().items():
+                    counts[f"stylized_captions.images.{split}"] = int(n)
+        n_dup = {kind: sum(1 for d in result.duplicates if (key in d)) for kind, key in
+                 (("stylized_captions", "scene_id"), ("factual_captions", "caption_id"))}
+        counts["stylized_captions.duplicates"] = n_dup["stylized_captions"]
+        counts["stylized_captions.read"] = counts["stylized_captions.kept"] + n_dup["stylized_captions"]
+        counts["stylized_captions.split_from_table"] = counts_kept_split
+        counts["factual_captions.duplicates"] = n_dup["factual_captions"]
+        counts["factual_captions.excluded_stylized_image"] = len(result.descriptions)
+        counts["factual_captions.read"] = (counts["factual_captions.kept"] + n_dup["factual_captions"]
+                                           + len(result.descriptions))
+        counts["images.descriptions"] = len(result.descriptions)
+        counts["images.with_descriptions"] = len({d["image_id"] for d in result.descriptions})
+        counts["quarantine.read"] = counts["quarantine.kept"]
+        counts["rows.read"] = sum(c["read"] for c in per_source.values())
         for name, c in per_source.items():
             counts.update({f"source.{name}.{k}": v for k, v in c.items() if v})
         log_counts(counts)
@@ -85,5 +137,7 @@ def ingest(spark: SparkSession, cfg: ErgConfig, sources: list[IngestSource] | No
         mlflow.log_dict(per_source, "ingest_sources.json")
         reasons = pd.Series([q["reason"] for q in result.quarantine], dtype=object).value_counts().to_dict()
         mlflow.log_dict({str(k): int(v) for k, v in reasons.items()}, "quarantine_reasons.json")
+        mlflow.log_dict({"examples": [{k: v for k, v in d.items() if not k.startswith("_")}
+                                      for d in result.duplicates[:50]]}, "duplicates.json")
         counts["run_id"] = run.info.run_id
         return counts

@@ -14,6 +14,25 @@ silently. Formats (as published):
   (line i = reference k of image i), optionally ``visual-context_label.txt`` (object tags per image)
 - ``image_manifest``: JSON lines ``{"image_id", "uri", "tags", "width", "height"}`` (the generated sample);
   a relative uri is taken relative to the manifest's folder
+
+After reading, :func:`prepare` applies the paper's protocol (Sect. 4.1) to the rows of all sources together, and
+counts everything it sets aside (nothing is dropped silently):
+
+- **Splits, by image** (:func:`protocol_splits`; seed and counts in ``ingest.splits``, defaults = the paper).
+  FlickrStyle10K (rows of format ``flickrstyle`` without a split of their source): the images are ranked by a
+  hash of (seed, image id); the first ``min(1000, n // 7)`` are test, then 10% of the rest val, the others train:
+  on the 7,000 public images 1,000 test / 600 val / 5,400 train, humor and romantic captions of one image in one
+  split. SentiCap (``senticap_json`` / ``senticap_csv``): the official test split is kept; the official val
+  images join train, and 100 non-test images per polarity (ranked the same way; at most a fifth of the images
+  with that polarity, for small sets) move to val: 200 val images on the real data (an image is chosen for one
+  polarity and takes all its captions along). This follows the ERG paper's "100 train images per polarity to
+  val"; ADS-Cap instead keeps 100 of the official val images and moves the rest of val to train.
+- **Duplicates**: a row whose natural key (``scene_id``: image, style and normalised caption; ``caption_id``)
+  repeats an earlier row is counted (``duplicates``) and not written twice.
+- **The factual corpus P excludes the stylized images**: a factual caption of an image that has stylized captions
+  (in this read, or in ``known_stylized_images``) is not part of P; it is that image's scene description (textual
+  visual context), kept in the ``descriptions`` array of its ``images`` row and counted as
+  ``excluded_stylized_image``. FlickrStyle10K's own Flickr30K captions (``factual_train.txt``) are all such rows.
 """
 from __future__ import annotations
 
@@ -32,7 +51,7 @@ from models.text import normalize_caption
 
 STYLIZED_COLUMNS = ["scene_id", "image_id", "image_uri", "caption", "style", "split", "source", "source_key"]
 FACTUAL_COLUMNS = ["caption_id", "image_id", "image_uri", "caption", "source", "split"]
-IMAGE_COLUMNS = ["image_id", "uri", "tags", "width", "height", "source"]
+IMAGE_COLUMNS = ["image_id", "uri", "tags", "descriptions", "width", "height", "source"]
 QUARANTINE_COLUMNS = ["quarantine_id", "source", "source_file", "line_no", "raw", "reason"]
 
 _COCO_NAME = re.compile(r"COCO_\w+?_0*(\d+)\.\w+$")
@@ -65,6 +84,10 @@ class ReadResult:
     factual: list[dict] = field(default_factory=list)
     images: list[dict] = field(default_factory=list)
     quarantine: list[dict] = field(default_factory=list)
+    #: factual captions of stylized images (scene descriptions, not P): {"image_id", "caption_id", "caption", "source"}
+    descriptions: list[dict] = field(default_factory=list)
+    #: rows set aside by :func:`prepare` as repeats of an earlier row's natural key
+    duplicates: list[dict] = field(default_factory=list)
 
     def reject(self, source: str, source_file: str, line_no: int | None, raw: object, reason: str) -> None:
         raw_text = raw if isinstance(raw, str) else json.dumps(raw, ensure_ascii=False, default=str)
@@ -74,22 +97,31 @@ class ReadResult:
         })
 
     def extend(self, other: "ReadResult") -> None:
-        for name in ("stylized", "factual", "images", "quarantine"):
+        for name in ("stylized", "factual", "images", "quarantine", "descriptions", "duplicates"):
             getattr(self, name).extend(getattr(other, name))
 
     def frames(self) -> dict[str, pd.DataFrame]:
+        images = pd.DataFrame(self.images, columns=IMAGE_COLUMNS).drop(columns="descriptions")
+        # one row per image; a row that carries tags or a uri wins over a bare one
+        images = (images.assign(_bare=lambda d: d["tags"].isna().astype(int) + d["uri"].isna().astype(int))
+                  .sort_values("_bare", kind="stable").drop_duplicates("image_id").drop(columns="_bare"))
+        described: dict[str, list[str]] = {}
+        for row in self.descriptions:
+            described.setdefault(row["image_id"], []).append(row["caption"])
+        images.insert(3, "descriptions", images["image_id"].map(described))
         return {
             "stylized_captions": pd.DataFrame(self.stylized, columns=STYLIZED_COLUMNS),
             "factual_captions": pd.DataFrame(self.factual, columns=FACTUAL_COLUMNS),
-            # one row per image; a row that carries tags or a uri wins over a bare one
-            "images": (pd.DataFrame(self.images, columns=IMAGE_COLUMNS)
-                       .assign(_bare=lambda d: d["tags"].isna().astype(int) + d["uri"].isna().astype(int))
-                       .sort_values("_bare", kind="stable").drop_duplicates("image_id").drop(columns="_bare")),
+            "images": images,
             "quarantine": pd.DataFrame(self.quarantine, columns=QUARANTINE_COLUMNS),
         }
 
     def counts(self) -> dict[str, int]:
-        return {name: len(getattr(self, name)) for name in ("stylized", "factual", "images", "quarantine")}
+        """Rows per kind; ``read`` = every caption row the files gave (kept, duplicate, description or quarantined)."""
+        counts = {name: len(getattr(self, name))
+                  for name in ("stylized", "factual", "descriptions", "duplicates", "quarantine", "images")}
+        counts["read"] = sum(counts[k] for k in ("stylized", "factual", "descriptions", "duplicates", "quarantine"))
+        return counts
 
 
 def _caption_problem(caption: object) -> str | None:
@@ -312,3 +344,153 @@ def _image_names(path: Path) -> list[str]:
         with path.open("rb") as fh:
             return [str(n) for n in pickle.load(fh, encoding="latin1")]
     return [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+# ------------------------------------------------------------------------------------------ the protocol
+#: the split recipe of each stylized format (the rows a reader of that format gives)
+SPLIT_RECIPES = {"flickrstyle": "flickrstyle", "senticap_json": "senticap", "senticap_csv": "senticap"}
+ORIGIN = "_origin"  #: row key naming the source a row came from (set by :func:`tag_rows`, not a table column)
+RECIPE = "_split_recipe"  #: row key naming the row's split recipe (set by :func:`tag_rows`)
+
+
+def tag_rows(result: ReadResult, origin: str, fmt: str) -> ReadResult:
+    """Mark every row of ``result`` with the source it came from and its format's split recipe (for :func:`prepare`)."""
+    for name in ("stylized", "factual", "quarantine", "images"):
+        for row in getattr(result, name):
+            row[ORIGIN] = origin
+    for row in result.stylized:
+        row[RECIPE] = SPLIT_RECIPES.get(fmt)
+    return result
+
+
+def _ranked(image_ids, seed: int) -> list[str]:
+    """Image ids in a fixed pseudo-random order: by a hash of (seed, image id), independent of input order."""
+    return sorted(set(image_ids), key=lambda i: (stable_id("split", seed, i), i))
+
+
+def flickrstyle_splits(image_ids, *, seed: int, test_images: int = 1000, val_fraction: float = 0.1) -> dict[str, str]:
+    """FlickrStyle10K by image (paper Sect. 4.1): ``min(test_images, n // 7)`` test, ``val_fraction`` of the rest
+    val, the others train; on the 7,000 public images 1,000 / 600 / 5,400."""
+    ranked = _ranked(image_ids, seed)
+    n_test = min(test_images, len(ranked) // 7)
+    rest = ranked[n_test:]
+    n_val = int(round(val_fraction * len(rest)))
+    return {**{i: "test" for i in ranked[:n_test]}, **{i: "val" for i in rest[:n_val]},
+            **{i: "train" for i in rest[n_val:]}}
+
+
+def senticap_splits(rows: pd.DataFrame, *, seed: int, val_images_per_style: int = 100) -> dict[str, str]:
+    """SentiCap by image: ``rows`` has ``image_id``, ``style``, ``split`` (the official one).
+
+    An image with an official test caption is test. The other images (official train and val) form the pool; per
+    polarity (in sorted order) ``min(val_images_per_style, pool images with it // 5)`` pool images not chosen yet,
+    ranked by a hash of (seed, image id), move to val; the rest are train. ``val_images_per_style=0`` keeps the
+    official splits.
+    """
+    if rows.empty:
+        return {}
+    if val_images_per_style <= 0:
+        return rows.groupby("image_id")["split"].agg(lambda s: _most_held_out(s.dropna())).to_dict()
+    test = set(rows.loc[rows["split"] == "test", "image_id"])
+    pool = rows[~rows["image_id"].isin(test)]
+    styles_of = pool.groupby("image_id")["style"].agg(set).to_dict()
+    ranked = _ranked(styles_of, seed)
+    val: set[str] = set()
+    for style in sorted(set(pool["style"])):
+        having = [i for i in ranked if style in styles_of[i]]
+        n = min(val_images_per_style, len(having) // 5)
+        val.update([i for i in having if i not in val][:n])
+    return {**{i: "test" for i in test}, **{i: ("val" if i in val else "train") for i in styles_of}}
+
+
+def _most_held_out(splits: pd.Series) -> str | None:
+    for split in ("test", "val", "train"):
+        if (splits == split).any():
+            return split
+    return splits.iloc[0] if len(splits) else None
+
+
+def protocol_splits(stylized: list[dict], *, seed: int = 2021, flickrstyle_test_images: int = 1000,
+                    flickrstyle_val_fraction: float = 0.1, senticap_val_images_per_style: int = 100) -> dict[str, int]:
+    """Set ``split`` on the stylized rows (in place) by their recipe (:data:`RECIPE`); returns how many were set.
+
+    ``flickrstyle`` rows without a split get :func:`flickrstyle_splits` over all such images together (humor and
+    romantic captions of one image: one split); ``senticap`` rows get :func:`senticap_splits`. Rows of other
+    formats, or flickrstyle rows whose source gave a split, keep theirs.
+    """
+    changed = {"flickrstyle": 0, "senticap": 0}
+    flickr = [r for r in stylized if r.get(RECIPE) == "flickrstyle" and r.get("split") is None]
+    if flickr:
+        by_image = flickrstyle_splits([r["image_id"] for r in flickr], seed=seed, test_images=flickrstyle_test_images,
+                                      val_fraction=flickrstyle_val_fraction)
+        for r in flickr:
+            r["split"] = by_image[r["image_id"]]
+        changed["flickrstyle"] = len(flickr)
+    senti = [r for r in stylized if r.get(RECIPE) == "senticap"]
+    if senti:
+        frame = pd.DataFrame([{k: r.get(k) for k in ("image_id", "style", "split")} for r in senti])
+        by_image = senticap_splits(frame, seed=seed, val_images_per_style=senticap_val_images_per_style)
+        for r in senti:
+            changed["senticap"] += r["split"] != by_image[r["image_id"]]
+            r["split"] = by_image[r["image_id"]]
+    return changed
+
+
+def _drop_duplicates(rows: list[dict], key: str, out: list[dict]) -> list[dict]:
+    seen: set[str] = set()
+    kept = []
+    for row in rows:
+        if row[key] in seen:
+            out.append({**row, "duplicate_of": row[key]})
+        else:
+            seen.add(row[key])
+            kept.append(row)
+    return kept
+
+
+def prepare(result: ReadResult, splits: object | None = None,
+            known_stylized_images: set[str] | frozenset[str] = frozenset()) -> ReadResult:
+    """The paper's protocol on the rows of every source (see the module docstring), in place; returns ``result``.
+
+    ``splits``: an object with the :class:`jobs.config.SplitConf` fields (None = the paper's defaults).
+    Duplicates go to ``result.duplicates``; factual rows of stylized images to ``result.descriptions``.
+    """
+    options = {k: getattr(splits, k) for k in ("seed", "flickrstyle_test_images", "flickrstyle_val_fraction",
+                                               "senticap_val_images_per_style")} if splits is not None else {}
+    result.stylized = _drop_duplicates(result.stylized, "scene_id", result.duplicates)
+    result.factual = _drop_duplicates(result.factual, "caption_id", result.duplicates)
+    protocol_splits(result.stylized, **options)
+    stylized_images = set(known_stylized_images) | {r["image_id"] for r in result.stylized}
+    kept = []
+    for row in result.factual:
+        if row["image_id"] in stylized_images:
+            result.descriptions.append({k: row.get(k) for k in ("image_id", "caption_id", "caption", "source", ORIGIN)})
+        else:
+            kept.append(row)
+    result.factual = kept
+    return result
+
+
+def origin_counts(result: ReadResult) -> dict[str, dict[str, int]]:
+    """Per source (:data:`ORIGIN`): stylized, factual, descriptions, duplicates (by kind), quarantine and ``read``,
+    where read = stylized + factual + descriptions + duplicates + quarantine."""
+    counts: dict[str, dict[str, int]] = {}
+
+    def bump(origin: str | None, name: str) -> None:
+        bucket = counts.setdefault(origin or "unknown", {k: 0 for k in (
+            "read", "stylized", "factual", "descriptions", "duplicates", "stylized_duplicates", "factual_duplicates",
+            "quarantine")})
+        bucket[name] += 1
+
+    for name in ("stylized", "factual", "descriptions", "quarantine"):
+        for row in getattr(result, name):
+            bump(row.get(ORIGIN), name)
+            bump(row.get(ORIGIN), "read")
+    for row in result.duplicates:
+        bump(row.get(ORIGIN), "duplicates")
+        bump(row.get(ORIGIN), "stylized_duplicates" if "scene_id" in row else "factual_duplicates")
+        bump(row.get(ORIGIN), "read")
+    for origin, n in pd.Series([row.get(ORIGIN) for row in result.images], dtype=object).value_counts().items():
+        if origin in counts:
+            counts[origin]["images"] = int(n)
+    return counts

@@ -43,8 +43,9 @@ TABLES: dict[str, TableSpec] = {spec.name: spec for spec in [
     TableSpec("images", ("image_id",), _schema(
         ("image_id", _S, False), ("uri", _S, True), ("tags", _S, True), ("region_features", T.BinaryType(), True),
         ("n_regions", _I, True), ("width", _I, True), ("height", _I, True), ("source", _S, False),
-        ("ingest_time", _TS, False), ("run_id", _S, True)),
-        "one image: uri, visual context (object tags), optional region features (float32 [n_regions, 2054])"),
+        ("ingest_time", _TS, False), ("run_id", _S, True), ("descriptions", T.ArrayType(_S), True)),
+        "one image: uri, visual context (object tags; descriptions = factual captions of a stylized image, which "
+        "are not part of P), optional region features (float32 [n_regions, 2054])"),
     TableSpec("quarantine", ("quarantine_id",), _schema(
         ("quarantine_id", _S, False), ("source", _S, False), ("source_file", _S, True), ("line_no", _L, True),
         ("raw", _S, True), ("reason", _S, False), ("quarantined_at", _TS, False), ("run_id", _S, True)),
@@ -70,7 +71,8 @@ TABLES: dict[str, TableSpec] = {spec.name: spec for spec in [
         ("scene_id", _S, False), ("retrieval_type", _S, False), ("style", _S, False), ("style_phrase", _S, False),
         ("generated_caption", _S, False), ("similarity", _D, False), ("predicted_style", _S, True),
         ("style_probability", _D, True), ("perplexity", _D, True), ("passed_style", _B, False),
-        ("passed_perplexity", _B, False), ("passed_similarity", _B, False), ("passed", _B, False),
+        ("passed_perplexity", _B, False), ("passed_similarity", _B, False), ("content_similarity", _D, True),
+        ("passed_content", _B, True), ("passed_well_formed", _B, True), ("passed", _B, False),
         ("reject_reason", _S, True), ("generator_version", _S, False), ("run_id", _S, False), ("created_at", _TS, False)),
         "D_a: one generated caption with every filter verdict (failed candidates are kept with their reason)"),
 ]}
@@ -102,21 +104,26 @@ def register_tables(spark: SparkSession, cfg: ErgConfig) -> None:
 def create_training_set_view(spark: SparkSession, cfg: ErgConfig) -> str:
     """``training_set``: the original stylized pairs plus the augmented captions that passed every filter.
 
-    ``origin`` tells them apart ('original' / 'augmented'); augmented pairs are training data only, and never
-    come from an image of the val/test split of the stylized set.
+    ``origin`` tells them apart ('original' / 'augmented'); augmented pairs are training data only (split
+    'train'), and never show an image of the val/test split of the stylized set nor carry a phrase from a scene
+    outside its train split. ``scene_id`` is the stylized scene a pair comes from: the original pair's own, or the
+    scene whose phrase an augmented caption took. :func:`jobs.leakage.leakage_counts` checks both.
     """
     name = table_name(cfg, "training_set")
     stylized, augmented = table_name(cfg, "stylized_captions"), table_name(cfg, "augmented_captions")
     spark.sql(f"""
         CREATE OR REPLACE VIEW {name} AS
-        SELECT scene_id AS pair_id, image_id, image_uri, caption, style, split, 'original' AS origin, run_id
+        SELECT scene_id AS pair_id, image_id, image_uri, caption, style, split, 'original' AS origin, run_id,
+               scene_id
         FROM {stylized}
         UNION ALL
         SELECT concat_ws('|', a.query_id, a.scene_id, a.retrieval_type, a.generator_version) AS pair_id,
                a.image_id, a.image_uri, a.generated_caption AS caption, a.style, 'train' AS split,
-               'augmented' AS origin, a.run_id
+               'augmented' AS origin, a.run_id, a.scene_id
         FROM {augmented} a
-        WHERE a.passed AND a.image_id NOT IN (SELECT image_id FROM {stylized} WHERE split IN ('val', 'test'))
+        WHERE a.passed
+          AND a.image_id NOT IN (SELECT image_id FROM {stylized} WHERE coalesce(split, '') <> 'train')
+          AND a.scene_id IN (SELECT scene_id FROM {stylized} WHERE split = 'train')
     """)
     return name
 
@@ -133,6 +140,11 @@ def ensure_table(spark: SparkSession, cfg: ErgConfig, table: str) -> str:
         f"COMMENT '{spec.comment.replace(chr(39), '')}' "
         "TBLPROPERTIES (delta.enableChangeDataFeed = true)"
     )
+    have = set(spark.table(name).columns)
+    added = [f for f in spec.schema.fields if f.name not in have and f.nullable]
+    if added:  # a table made by an older version: add the new nullable columns (existing rows read NULL)
+        spark.sql(f"ALTER TABLE {name} ADD COLUMNS ("
+                  + ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in added) + ")")
     return name
 
 
@@ -187,3 +199,14 @@ def merge_rows(spark: SparkSession, cfg: ErgConfig, table: str, df: DataFrame, *
 
 def read_table(spark: SparkSession, cfg: ErgConfig, table: str) -> DataFrame:
     return spark.table(table_name(cfg, table))
+
+
+def scene_descriptions(spark: SparkSession, cfg: ErgConfig) -> DataFrame:
+    """``image_id, caption``: the scene descriptions of the stylized images, one row per description.
+
+    These are the factual captions of images that have stylized captions (e.g. FlickrStyle10K's five Flickr30K
+    captions per image), which are not part of the factual corpus P; ingest keeps them in ``images.descriptions``.
+    Use them as gold scene content (phrase quality) or as textual visual context, never as retrieval queries.
+    """
+    return (read_table(spark, cfg, "images").where(F.col("descriptions").isNotNull())
+            .select("image_id", F.explode("descriptions").alias("caption")))

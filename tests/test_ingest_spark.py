@@ -43,8 +43,23 @@ def test_ingest_sample_quarantine_and_idempotent(spark, fresh_cfg):
     n_fact = spark.table(table_name(cfg, "factual_captions")).count()
     n_quar = spark.table(table_name(cfg, "quarantine")).count()
     assert n_styl == 4 * sample.stylized_per_style - 2
-    assert n_fact == sample.factual_captions
+    # P excludes the stylized images: their factual captions are kept as images.descriptions instead
+    n_desc = spark.table(table_name(cfg, "images")).selectExpr("sum(size(descriptions))").collect()[0][0]
+    assert n_fact + n_desc == sample.factual_captions and n_desc == counts["factual_captions.excluded_stylized_image"]
+    assert spark.table(table_name(cfg, "factual_captions")).join(
+        spark.table(table_name(cfg, "stylized_captions")), "image_id", "left_semi").count() == 0
+    from jobs.tables import scene_descriptions
+    assert scene_descriptions(spark, cfg).count() == n_desc
     assert n_quar == sum(PLANTED_BAD_ROWS.values())
+    # every row read is counted: kept, duplicate, scene description or quarantined
+    assert counts["rows.read"] == (counts["stylized_captions.read"] + counts["factual_captions.read"]
+                                   + counts["quarantine.read"])
+    assert counts["stylized_captions.read"] == n_styl + counts["stylized_captions.duplicates"]
+    # splits by image: one split per image, the paper's recipe scaled to the sample
+    per_image = spark.sql(f"SELECT image_id, count(DISTINCT split) AS n FROM {table_name(cfg, 'stylized_captions')} "
+                          "GROUP BY image_id").collect()
+    assert {r.n for r in per_image} == {1}
+    assert counts["stylized_captions.images.test"] > 0 and counts["stylized_captions.images.val"] > 0
     assert spark.table(table_name(cfg, "images")).count() == sample.n_images
     assert spark.table(table_name(cfg, "images")).filter("tags IS NULL").count() == 0
     reasons = {r.reason.split(" (")[0] for r in spark.table(table_name(cfg, "quarantine")).collect()}

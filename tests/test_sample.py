@@ -36,11 +36,15 @@ def test_sample_is_deterministic_and_readable(tmp_path, monkeypatch):
     # planted: an empty and an undecodable humor line replace good ones; the bad SentiCap rows are extra
     assert styles == {"positive": n, "negative": n, "romantic": n, "humor": n - 2}
     assert len(frames["quarantine"]) == sum(PLANTED_BAD_ROWS.values())
-    assert len(frames["factual_captions"]) == cfg_a.sample.factual_captions
+    # P excludes the stylized images: their factual captions are their scene descriptions
+    assert len(frames["factual_captions"]) + len(result.descriptions) == cfg_a.sample.factual_captions
+    assert not set(frames["stylized_captions"]["image_id"]) & set(frames["factual_captions"]["image_id"])
+    assert len(frames["factual_captions"]) > 0
     assert len(frames["images"]) == cfg_a.sample.n_images
     assert frames["images"]["tags"].notna().all()
-    # scenes are shared: every stylized caption's image also has factual captions
-    assert set(frames["stylized_captions"]["image_id"]) <= set(frames["factual_captions"]["image_id"])
+    # scenes are shared: every stylized caption's image has scene descriptions
+    described = set(frames["images"].dropna(subset=["descriptions"])["image_id"])
+    assert set(frames["stylized_captions"]["image_id"]) == described
 
 
 def test_splits_follow_the_image(tmp_path, monkeypatch):
