@@ -1,6 +1,7 @@
 """``erg retrieve``: factual captions and images -> similar stylized scenes, into ``retrievals`` (ERG step 2).
 
-On the driver: the vectors of the stylized scenes under the encoder's version (from ``embeddings``, written by
+On the driver: the vectors of the stylized scenes of the train split (val/test scenes are never retrieval
+targets; how many were left out is logged as ``scenes.non_train_excluded``) under the encoder's version (from ``embeddings``, written by
 ``erg embed``) are collected into two Faiss indexes (:mod:`models.scene_index`): a ``text`` index of the stylized
 captions and an ``image`` index of each scene's image, both under scene ids (only those the configured types
 search). The index type comes from ``retrieve.index`` (``auto``: exact flat inner product up to
@@ -10,7 +11,8 @@ caption with its caption vector and its image's vector) are partitioned by image
 the ``top_k`` hits with similarity > ``min_similarity`` and, with ``exclude_same_image``, none that shows the
 query's own image. The hits are MERGEd into ``retrievals`` on its key (a rerun adds nothing).
 
-Logged to MLflow: the index type, size and build time per modality; per type the queries, queries with >= 1 hit,
+Logged to MLflow: the leakage counts of :func:`jobs.leakage.leakage_counts` (all 0 on a clean pipeline); the
+index type, size and build time per modality; per type the queries, queries with >= 1 hit,
 hits (also per style) and mean similarity as metrics and as ``table5_counts.json``/``.md`` (the paper's Table 5
 view); and ``retrieval_examples.json``/``.md``: factual caption -> retrieved stylized captions (the Fig. 3 view).
 """
@@ -27,6 +29,7 @@ from pyspark.sql import functions as F
 
 from jobs.config import ErgConfig, IndexConf
 from jobs.embed import encoder_spec
+from jobs.leakage import leakage_counts
 from jobs.tables import merge_rows, read_table
 from jobs.tracking import job_run, log_counts
 from models.scene_index import SceneIndex, build_scene_index, retrieval_modalities
@@ -144,7 +147,8 @@ def retrieve(spark: SparkSession, cfg: ErgConfig, query_filter: DataFrame | None
     """Search the factual queries against the stylized scenes for every configured type; returns the logged counts.
 
     ``query_filter`` (a DataFrame with ``caption_id``) limits the factual captions searched; by default all are.
-    Counts: ``queries``, ``queries.<modality>`` (with a vector of it), ``scenes``, ``index.<modality>.size``,
+    Counts: ``queries``, ``queries.<modality>`` (with a vector of it), ``scenes`` (train split),
+    ``scenes.non_train_excluded``, ``leakage.*`` (:func:`jobs.leakage.leakage_counts`), ``index.<modality>.size``,
     per type ``<type>.queries``, ``<type>.queries_with_hit``, ``<type>.hits``, ``<type>.hits.<style>``,
     ``<type>.mean_similarity``; ``retrievals.inserted``; ``encoder_version``, ``index_types`` and ``run_id``.
     """
@@ -155,11 +159,13 @@ def retrieve(spark: SparkSession, cfg: ErgConfig, query_filter: DataFrame | None
     with job_run(cfg, "retrieve", sections=("retrieve",),
                  params={"encoder_version": identity.version, "embed.encoder.kind": cfg.embed.encoder.kind}) as run:
         vectors = read_table(spark, cfg, "embeddings").where(F.col("encoder_version") == identity.version)
-        stylized = read_table(spark, cfg, "stylized_captions").select("scene_id", "image_id", "style")
+        all_scenes = read_table(spark, cfg, "stylized_captions")
+        stylized = all_scenes.where(F.col("split") == "train").select("scene_id", "image_id", "style")
         targets = target_modalities(conf.types)
         scenes = scene_vectors(stylized, vectors, targets).toPandas()
         scene_image_map = dict(zip(scenes["scene_id"], scenes["image_id"]))
-        counts: dict[str, float] = {"scenes": len(scenes)}
+        counts: dict[str, float] = {"scenes": len(scenes),
+                                    "scenes.non_train_excluded": all_scenes.count() - len(scenes)}
         indexes: dict[str, SceneIndex] = {}
         for modality in targets:
             present = scenes[scenes[f"{modality}_vector"].notna()]
@@ -208,6 +214,7 @@ def retrieve(spark: SparkSession, cfg: ErgConfig, query_filter: DataFrame | None
             hits.unpersist()
             broadcast.destroy()
         counts.update(table5_metrics(table))
+        counts.update(leakage_counts(spark, cfg))
         log_counts(counts)
         mlflow.log_dict({"encoder_version": identity.version, "index_types": index_types,
                          "rows": table.replace({np.nan: None}).to_dict("records")}, "table5_counts.json")

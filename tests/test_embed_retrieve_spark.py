@@ -240,7 +240,8 @@ def pipeline(spark, erg_home) -> dict:
                                f"retrieve.min_similarity={SPARK_THRESHOLD}", "embed.partitions=1"])
     get_spark(cfg)
     ingest(spark, cfg)
-    scene_images = spark.table(table_name(cfg, "stylized_captions")).select("image_id").distinct().orderBy("image_id")
+    scene_images = (spark.table(table_name(cfg, "stylized_captions")).where("split = 'train'").select("image_id")
+                    .distinct().orderBy("image_id"))
     untagged = scene_images.first().image_id
     spark.sql(f"UPDATE {table_name(cfg, 'images')} SET tags = NULL WHERE image_id = '{untagged}'")
     first_embed = embed(spark, cfg)
@@ -286,7 +287,9 @@ def test_retrievals_equal_brute_force_over_the_embeddings_table(spark, pipeline:
     top_k = cfg.retrieve.top_k
     embeddings = spark.table(name("embeddings")).toPandas()
     vector = {(r.item_kind, r.item_id): np.asarray(r.vector, dtype=np.float32) for r in embeddings.itertuples()}
-    scenes = spark.table(name("stylized_captions")).select("scene_id", "image_id").toPandas()
+    # only train-split scenes are retrieval targets (paper Sect. 4: val/test scenes never are)
+    scenes = spark.table(name("stylized_captions")).where("split = 'train'").select("scene_id", "image_id").toPandas()
+    assert 0 < len(scenes) < spark.table(name("stylized_captions")).count()
     scene_images = dict(zip(scenes.scene_id, scenes.image_id))
     targets = {
         "text": {s: vector[("scene", s)] for s in scene_images},
@@ -325,9 +328,11 @@ def test_retrieve_logs_table5_and_examples_and_rerun_adds_no_rows(spark, pipelin
     name, counts = pipeline["name"], pipeline["retrieve"]
     retrievals = pipeline["retrievals"]
     assert counts["index_types"] == {"image": "flat", "text": "flat"}
-    assert counts["index.text.size"] == spark.table(name("stylized_captions")).count()
-    assert counts["scenes_without_vector.image"] == (
-        spark.table(name("stylized_captions")).where(f"image_id = '{pipeline['untagged']}'").count())
+    train = spark.table(name("stylized_captions")).where("split = 'train'")
+    assert counts["index.text.size"] == train.count()
+    assert counts["scenes.non_train_excluded"] == spark.table(name("stylized_captions")).count() - train.count()
+    assert counts["scenes_without_vector.image"] == train.where(f"image_id = '{pipeline['untagged']}'").count()
+    assert all(counts[k] == 0 for k in counts if k.startswith("leakage."))
     assert counts["retrievals.inserted"] == len(retrievals)
     run = mlflow.get_run(counts["run_id"])
     for retrieval_type, group in retrievals.groupby("retrieval_type"):

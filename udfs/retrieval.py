@@ -1,6 +1,7 @@
 """The retrieval UDF (ERG step 2, Retrieve): factual queries searched against the broadcast scene indexes.
 
-The stylized set D_s is indexed twice on the driver (:class:`models.scene_index.SceneIndex`): a ``text`` index of
+The stylized set D_s (its train split only: :mod:`jobs.retrieve` never indexes a val/test scene) is indexed twice
+on the driver (:class:`models.scene_index.SceneIndex`): a ``text`` index of
 the stylized captions' vectors and an ``image`` index of each scene's image vector, both under scene ids, so that
 every hit is a scene. :class:`ScenePayload` carries both serialized indexes and the scene -> image map in one Spark
 broadcast; :func:`retrieval_partitions` is the ``mapInPandas`` function that rebuilds the indexes once per Python

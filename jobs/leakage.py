@@ -1,0 +1,63 @@
+"""Leakage metrics of the paper's protocol: nothing from a val/test scene or image reaches what ERG trains on.
+
+:func:`leakage_counts` counts, as Spark aggregations over the tables (only the counts reach the driver):
+
+- ``leakage.retrievals_non_train_scene``: ``retrievals`` rows whose target scene is not in the train split
+  (val/test scenes are never retrieval targets);
+- ``leakage.augmented_non_train_phrase``: ``augmented_captions`` rows whose phrase comes from such a scene;
+- ``leakage.training_set_non_train_images``: rows of the ``training_set`` view in its train split (what ``erg
+  train`` reads) that show a val/test image of the stylized set, or that carry a phrase of a non-train scene;
+- ``leakage.factual_stylized_overlap``: ``factual_captions`` (P) rows whose image has stylized captions.
+
+A scene or image counts as non-train when its split is anything but ``train`` (val, test, or missing). A table
+that does not exist yet counts 0. Every count is 0 on a clean pipeline.
+"""
+from __future__ import annotations
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from jobs.config import ErgConfig
+from jobs.tables import table_name
+
+LEAKAGE_METRICS: tuple[str, ...] = (
+    "leakage.retrievals_non_train_scene",
+    "leakage.augmented_non_train_phrase",
+    "leakage.training_set_non_train_images",
+    "leakage.factual_stylized_overlap",
+)
+
+
+def _table(spark: SparkSession, cfg: ErgConfig, table: str) -> DataFrame | None:
+    name = table_name(cfg, table)
+    return spark.table(name) if spark.catalog.tableExists(name) else None
+
+
+def leakage_counts(spark: SparkSession, cfg: ErgConfig) -> dict[str, int]:
+    """The four leakage counts of the module docstring (0 where a table is missing or empty)."""
+    counts = {name: 0 for name in LEAKAGE_METRICS}
+    stylized = _table(spark, cfg, "stylized_captions")
+    if stylized is None:
+        return counts
+    non_train = F.coalesce(F.col("split"), F.lit("")) != "train"
+    held_scenes = stylized.where(non_train).select("scene_id")
+    held_images = stylized.where(non_train).select("image_id").distinct()
+
+    retrievals = _table(spark, cfg, "retrievals")
+    if retrievals is not None:
+        counts["leakage.retrievals_non_train_scene"] = retrievals.join(held_scenes, "scene_id", "left_semi").count()
+    augmented = _table(spark, cfg, "augmented_captions")
+    if augmented is not None:
+        counts["leakage.augmented_non_train_phrase"] = augmented.join(held_scenes, "scene_id", "left_semi").count()
+    training = _table(spark, cfg, "training_set")
+    if training is not None and augmented is not None:
+        train_rows = training.where(F.col("split") == "train")
+        by_image = train_rows.join(held_images, "image_id", "left_semi").select("pair_id", "origin")
+        by_scene = (train_rows.join(held_scenes, "scene_id", "left_semi").select("pair_id", "origin")
+                    if "scene_id" in training.columns else by_image.limit(0))
+        counts["leakage.training_set_non_train_images"] = by_image.union(by_scene).distinct().count()
+    factual = _table(spark, cfg, "factual_captions")
+    if factual is not None:
+        counts["leakage.factual_stylized_overlap"] = (
+            factual.join(stylized.select("image_id").distinct(), "image_id", "left_semi").count())
+    return {k: int(v) for k, v in counts.items()}
