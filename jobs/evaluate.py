@@ -4,9 +4,11 @@ The test set is every (image, style) of ``stylized_captions`` in ``evaluate.spli
 style, chosen by a hash of the image id so reruns pick the same); the references of a pair are the stylized
 captions of that image and style in that split. Each current captioner (``original`` and ``augmented``, whichever
 exist) writes one greedy caption per pair, conditioned on the style, inside an iterator pandas UDF
-(:mod:`udfs.captioning`) that also runs the style classifier and the target style's trigram LM on it. On the driver,
+(:mod:`udfs.captioning`) that also scores it with the target style's evaluation classifier (paper Sect. 4.4: that style
+vs factual captions, trained by ``erg extract``) and trigram LM, through :func:`models.caption_scoring.score_captions`
+as generation's filters do. On the driver,
 one :class:`models.caption_metrics.CaptionScorer` (one METEOR process) gives BLEU-1, BLEU-3, METEOR and CIDEr per
-variant and style; ``cls.`` is the share of captions the classifier assigns to the target style and ``ppl.`` the
+variant and style; ``cls.`` is the share of captions whose target style's classifier gives p > 0.5 and ``ppl.`` the
 median (``evaluate.ppl_statistic``: or mean) perplexity under the target style's LM.
 
 Everything lands in one MLflow run: metrics ``<variant>.<style>.<metric>`` (e.g. ``original.humor.BLEU-1``, and
@@ -26,6 +28,7 @@ from pyspark.sql import functions as F
 
 from jobs.config import ErgConfig
 from jobs.model_store import get_current, require_current
+from jobs.extract import EVALUATION_CLASSIFIERS
 from jobs.tables import read_table
 from jobs.tracking import job_run, log_counts
 from jobs.train import VARIANTS, captioner_kind, image_vectors
@@ -87,7 +90,7 @@ def evaluate(spark: SparkSession, cfg: ErgConfig) -> dict[str, Any]:
 
     e = cfg.evaluate
     captioners = trained_captioners(cfg)
-    classifier = require_current(cfg, "style_classifier", "extract")
+    classifier = require_current(cfg, EVALUATION_CLASSIFIERS, "extract")
     lm_path = require_current(cfg, "generator", "generate")["lm_path"]
     encoder_version = next(iter(captioners.values()))["encoder_version"]
     styles = [s for s in cfg.styles if all(s in info["styles"] for info in captioners.values())]
@@ -98,7 +101,8 @@ def evaluate(spark: SparkSession, cfg: ErgConfig) -> dict[str, Any]:
     with job_run(cfg, "evaluate", sections=("evaluate",), params={"variants": ",".join(captioners),
                                                                    "encoder_version": encoder_version}) as run:
         mlflow.set_tags({**{f"erg.captioner_run.{v}": info["version"] for v, info in captioners.items()},
-                         "erg.classifier_version": classifier["version"], "erg.encoder_version": encoder_version})
+                         "erg.evaluation_classifiers_version": classifier["version"],
+                         "erg.encoder_version": encoder_version})
         if untrained:
             logger.warning("styles %s are not evaluated: not every captioner was trained on them", untrained)
             mlflow.set_tag("erg.styles_not_trained", ",".join(untrained))
@@ -117,8 +121,7 @@ def evaluate(spark: SparkSession, cfg: ErgConfig) -> dict[str, Any]:
                                                                                        "references").collect()}
         partitions = max(1, min(spark.sparkContext.defaultParallelism, n_todo // e.batch_size + 1))
         evaluator = make_captioner_evaluator({v: info["path"] for v, info in captioners.items()},
-                                             classifier["path"], classifier["max_length"], lm_path, e.max_len,
-                                             e.batch_size, e.device)
+                                             classifier["path"], lm_path, e.max_len, e.batch_size, e.device)
         hypotheses = (todo.select("image_id", "style", "features").repartition(partitions, "image_id")
                       .mapInPandas(evaluator, HYPOTHESIS_DDL).toPandas())
         pairs.unpersist()

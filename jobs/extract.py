@@ -1,76 +1,252 @@
-"""``erg extract``: fine-tune the style classifier, choose the style head (Eq. 2), write ``style_phrases``.
+"""``erg extract``: per style set a style classifier and head (Eq. 2), the evaluation classifiers, ``style_phrases``.
 
-The classifier is fine-tuned on the driver (GPU where the driver has one) over {factual, styles}, evaluated on
-the held-out split, logged and registered in MLflow; head selection runs on a sample of stylized captions; then
-an iterator pandas UDF splits every stylized caption into style phrase and content on the executors. With
-``incremental`` the current classifier and head are reused and only scenes without a phrase are extracted.
+Fit (on the driver, GPU where it has one; train split only, never val/test):
+
+- per style set (``style_sets``, e.g. flickrstyle: humor/romantic, senticap: positive/negative) a classifier over
+  that set's styles, fine-tuned with the set's settings (``extract.classifier`` + ``extract.classifier_overrides``),
+  scored on the set's val split, logged and registered as ``erg_style_classifier_<set>``; its style head (l_s, h_s)
+  minimises Eq. 2 with S' = the set's other styles over the set's train captions (``head_selection_captions``
+  sampled, or all); recorded as the current ``style_classifier/<set>``;
+- the evaluation classifiers (paper Sect. 4.4), one per style, that style vs factual captions
+  (:mod:`models.caption_scoring`), recorded as the current ``evaluation_classifiers``: filter 1 of ``erg generate``
+  and cls. of ``erg evaluate``.
+
+Apply: an iterator pandas UDF splits every stylized caption into style phrase and content with its set's classifier
+and head. Report: Table 4 (words shaded by importance) and phrase quality against baselines. With ``incremental``
+the current models are reused and only scenes without a phrase of the current classifier are extracted.
 """
 from __future__ import annotations
 
+import logging
 import tempfile
+import time
 from pathlib import Path
+from typing import Any, Optional
 
 import pandas as pd
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from jobs.config import ErgConfig
+from jobs.config import ClassifierConf, ErgConfig
 from jobs.model_store import get_current, log_transformers_model, model_dir, set_current
 from jobs.readers import stable_id
 from jobs.tables import merge_rows, read_table
 from jobs.tracking import StepLogger, job_run, log_counts
 from udfs.extraction import STYLE_PHRASE_DDL, make_extractor
 
+logger = logging.getLogger(__name__)
 
-def classifier_splits(stylized: pd.DataFrame, factual: pd.DataFrame, cfg: ErgConfig) -> dict[str, pd.DataFrame]:
-    """Training and held-out sets for the style classifier (columns text, label).
+EVALUATION_CLASSIFIERS = "evaluation_classifiers"
+"""model_store kind of the current evaluation classifiers: ``{"path", "version", "kind", "styles",
+"factual_label", "accuracy"}``; load with :func:`models.caption_scoring.load_evaluation_classifiers` (path)."""
 
-    Stylized captions of the train split train it, val/test captions are held out; factual captions (label
-    ``factual``) are sampled to about the mean size of a style and held out by a hash of their image.
-    ``max_train_captions`` caps the training set, balanced over labels.
+
+def classifier_kind(style_set: str) -> str:
+    """model_store kind of a style set's extractor classifier, e.g. ``style_classifier/flickrstyle``."""
+    return f"style_classifier/{style_set}"
+
+
+def current_extractors(cfg: ErgConfig) -> dict[str, Optional[dict]]:
+    """The current extractor record of every style set (None where the set has none)."""
+    return {name: get_current(cfg, classifier_kind(name)) for name in cfg.style_sets}
+
+
+# ------------------------------------------------------------------------------------------------------- data
+def read_stylized(spark: SparkSession, cfg: ErgConfig) -> pd.DataFrame:
+    """``scene_id, image_id, caption, style, split`` of the configured styles."""
+    frame = (read_table(spark, cfg, "stylized_captions").filter(F.col("style").isin(cfg.styles))
+             .select("scene_id", "image_id", "caption", "style", "split").toPandas())
+    if frame.empty:
+        raise RuntimeError("stylized_captions is empty: run `erg ingest` first")
+    return frame
+
+
+def _balanced_cap(frame: pd.DataFrame, cap: Optional[int], seed: int) -> pd.DataFrame:
+    if not cap or len(frame) <= cap:
+        return frame
+    per = max(1, cap // frame["label"].nunique())
+    return pd.concat([group.sample(n=min(per, len(group)), random_state=seed)
+                      for _, group in frame.groupby("label", sort=True)])
+
+
+def set_classifier_data(stylized: pd.DataFrame, styles: list[str], c: ClassifierConf) -> dict[str, pd.DataFrame]:
+    """Training (split ``train``) and validation (split ``val``) captions of one style set: columns text, label.
+
+    Test captions are never used; ``max_train_captions`` caps training, balanced over the set's styles.
     """
-    c = cfg.extract.classifier
-    train = stylized[stylized["split"] == "train"][["caption", "style"]]
-    held = stylized[stylized["split"] != "train"][["caption", "style"]]
-    per_label = max(1, int(train["style"].value_counts().mean())) if len(train) else 1
-    fact = factual[["caption", "image_id"]].copy()
-    fact["u"] = fact["image_id"].map(lambda i: int(stable_id("holdout", i, length=8), 16) / 16 ** 8)
-    fact_held = fact[fact["u"] < c.holdout_fraction]
-    fact_train = fact[fact["u"] >= c.holdout_fraction]
-    fact_train = fact_train.sample(n=min(per_label, len(fact_train)), random_state=c.seed)
-    fact_held = fact_held.sample(n=min(max(1, len(held) // max(1, len(cfg.styles))), len(fact_held)),
-                                 random_state=c.seed)
-    frames = {
-        "train": pd.concat([train.rename(columns={"caption": "text", "style": "label"}),
-                            fact_train.assign(label=cfg.factual_label)[["caption", "label"]].rename(columns={"caption": "text"})]),
-        "heldout": pd.concat([held.rename(columns={"caption": "text", "style": "label"}),
-                              fact_held.assign(label=cfg.factual_label)[["caption", "label"]].rename(columns={"caption": "text"})]),
-    }
-    if c.max_train_captions and len(frames["train"]) > c.max_train_captions:
-        per = max(1, c.max_train_captions // frames["train"]["label"].nunique())
-        frames["train"] = (frames["train"].groupby("label", group_keys=False)
-                           .apply(lambda g: g.sample(n=min(per, len(g)), random_state=c.seed)))
+    rows = stylized[stylized["style"].isin(styles)].rename(columns={"caption": "text", "style": "label"})
+    frames = {"train": _balanced_cap(rows[rows["split"] == "train"][["text", "label"]], c.max_train_captions, c.seed),
+              "val": rows[rows["split"] == "val"][["text", "label"]]}
     return {k: v.sample(frac=1.0, random_state=c.seed).reset_index(drop=True) for k, v in frames.items()}
 
 
-def train_classifier(cfg: ErgConfig, splits: dict[str, pd.DataFrame], out_dir: Path):
-    """Fine-tune and evaluate; returns (classifier, held-out metrics)."""
+def factual_pool(stylized: pd.DataFrame, factual: pd.DataFrame, heldout_fraction: float) -> dict[str, list[str]]:
+    """Factual captions for the evaluation classifiers: none of a val/test stylized image; the images hashed below
+    ``heldout_fraction`` are held out (accuracy), the rest train. ``factual`` has columns image_id, caption."""
+    held_images = set(stylized.loc[stylized["split"].isin(["val", "test"]), "image_id"])
+    pool = factual[~factual["image_id"].isin(held_images)].drop_duplicates("caption")
+    u = pool["image_id"].map(lambda i: int(stable_id("holdout", i, length=8), 16) / 16 ** 8)
+    return {"train": pool.loc[u >= heldout_fraction, "caption"].tolist(),
+            "heldout": pool.loc[u < heldout_fraction, "caption"].tolist()}
+
+
+def read_factual_for_classifiers(spark: SparkSession, cfg: ErgConfig) -> pd.DataFrame:
+    """``image_id, caption``: the factual corpus P plus the scene descriptions of stylized images (e.g. FlickrStyle's
+    Flickr30K captions), so that "factual" is not learnable as "another image source"."""
+    from jobs import tables
+
+    parts = [read_table(spark, cfg, "factual_captions").select("image_id", "caption")]
+    describe = getattr(tables, "scene_descriptions", None)
+    if describe is not None and "descriptions" in read_table(spark, cfg, "images").columns:
+        parts.append(describe(spark, cfg).select("image_id", "caption"))
+    frame = parts[0]
+    for part in parts[1:]:
+        frame = frame.unionByName(part)
+    return frame.toPandas()
+
+
+# ------------------------------------------------------------------------------------------------------- fit
+def fit_set_classifier(cfg: ErgConfig, style_set: str, data: dict[str, pd.DataFrame], out_dir: Path):
+    """Fine-tune one style set's classifier over its styles; returns (classifier, metrics named ``classifier.<set>.*``)."""
     from models.style_classifier import fine_tune, load_style_classifier
 
-    c = cfg.extract.classifier
-    clf = load_style_classifier(c.name_or_path, cfg.labels, device=cfg.extract.device, max_length=c.max_length)
-    train = splits["train"]
+    c = cfg.extract.classifier_for(style_set)
+    styles = cfg.style_sets[style_set]
+    if len(styles) < 2:
+        raise ValueError(f"style set {style_set!r} has one style {styles}: Eq. 2 compares a style against the other "
+                         "styles of its set, so a set needs at least two (see style_sets in the conf)")
+    train = data["train"]
+    missing = sorted(set(styles) - set(train["label"]))
+    if missing:
+        raise RuntimeError(f"style set {style_set!r}: no train-split captions of {missing}")
+    clf = load_style_classifier(c.name_or_path, styles, device=cfg.extract.device, max_length=c.max_length,
+                                with_factual=False)
     steps = c.epochs * -(-len(train) // c.batch_size)
-    with StepLogger("classifier", total=steps, every=5, show=cfg.spark.show_progress) as on_step:
+    tick = time.perf_counter()
+    with StepLogger(f"classifier.{style_set}", total=steps, every=5, show=cfg.spark.show_progress) as on_step:
         fit = fine_tune(clf, train["text"].tolist(), train["label"].tolist(), epochs=c.epochs, batch_size=c.batch_size,
                         lr=c.lr, weight_decay=c.weight_decay, warmup_ratio=c.warmup_ratio, seed=c.seed, on_step=on_step)
-    held = splits["heldout"]
-    metrics = clf.evaluate(held["text"].tolist(), held["label"].tolist()) if len(held) else {}
+    seconds = time.perf_counter() - tick
+    val = data["val"]
+    metrics = clf.evaluate(val["text"].tolist(), val["label"].tolist()) if len(val) else {}
     clf.save(out_dir)
-    return clf, {**{f"classifier.{k}": v for k, v in metrics.items()}, "classifier.train_loss": fit["loss"],
-                 "classifier.train_captions": len(train), "classifier.heldout_captions": len(held)}
+    prefix = f"classifier.{style_set}"
+    return clf, {**{f"{prefix}.val_{k}": v for k, v in metrics.items()}, f"{prefix}.train_loss": fit["loss"],
+                 f"{prefix}.train_captions": len(train), f"{prefix}.val_captions": len(val),
+                 f"{prefix}.fit_seconds": seconds}
 
 
+def fit_style_head(cfg: ErgConfig, clf, style_set: str, train: pd.DataFrame):
+    """Eq. 2 over the set's train captions (``head_selection_captions`` of them, seeded; null = all)."""
+    from models.style_phrases import select_style_head
+
+    e = cfg.extract
+    return select_style_head(clf, train["text"].tolist(), train["label"].tolist(), eps=e.eps, batch_size=e.batch_size,
+                             max_captions=e.head_selection_captions, seed=cfg.extract.classifier_for(style_set).seed)
+
+
+def _log_head(style_set: str, selection) -> None:
+    import mlflow
+
+    from models.importance_render import confidence_heatmap_png
+
+    with tempfile.TemporaryDirectory() as tmp:
+        mlflow.log_artifact(str(confidence_heatmap_png(selection.confidence, (selection.layer, selection.head),
+                                                       Path(tmp) / f"head_confidence_{style_set}.png")))
+    mlflow.log_dict(selection.to_dict(), f"head_selection_{style_set}.json")
+
+
+def fit_extractor(cfg: ErgConfig, style_set: str, stylized: pd.DataFrame, run_id: str) -> tuple[dict, dict]:
+    """Classifier + head of one style set, logged, registered and recorded as current; returns (record, metrics)."""
+    c = cfg.extract.classifier_for(style_set)
+    data = set_classifier_data(stylized, cfg.style_sets[style_set], c)
+    out_dir = model_dir(cfg, classifier_kind(style_set), run_id)
+    clf, metrics = fit_set_classifier(cfg, style_set, data, out_dir)
+    tick = time.perf_counter()
+    selection = fit_style_head(cfg, clf, style_set, data["train"])
+    metrics.update({f"head.{style_set}.layer": selection.layer, f"head.{style_set}.head": selection.head,
+                    f"head.{style_set}.min_confidence": float(selection.confidence.min()),
+                    f"head.{style_set}.selection_captions": selection.n_captions,
+                    f"head.{style_set}.seconds": time.perf_counter() - tick})
+    _log_head(style_set, selection)
+    if cfg.mlflow.register_models:
+        log_transformers_model(cfg, clf.model, clf.tokenizer, name=f"style_classifier_{style_set}",
+                               task="text-classification")
+    record = {"path": str(out_dir), "version": run_id, "style_set": style_set, "styles": clf.labels,
+              "layer": selection.layer, "head": selection.head, "eps": cfg.extract.eps, "max_length": c.max_length,
+              "val_accuracy": metrics.get(f"classifier.{style_set}.val_accuracy")}
+    set_current(cfg, classifier_kind(style_set), record)
+    return record, metrics
+
+
+def fit_evaluation_classifiers(cfg: ErgConfig, stylized: pd.DataFrame, factual: pd.DataFrame,
+                               run_id: str) -> tuple[dict, dict]:
+    """One style-vs-factual classifier per style (train split), scored on val captions vs held-out factual ones,
+    logged and recorded as the current ``evaluation_classifiers``; returns (record, metrics)."""
+    import mlflow
+
+    from models.caption_scoring import train_evaluation_classifiers
+
+    v = cfg.extract.evaluation
+    pool = factual_pool(stylized, factual, v.heldout_fraction)
+    train = stylized[stylized["split"] == "train"]
+    positives = {s: train.loc[train["style"] == s, "caption"].tolist() for s in cfg.styles}
+    tick = time.perf_counter()
+    classifiers = train_evaluation_classifiers(
+        v.kind, positives, pool["train"], factual_label=cfg.factual_label, name_or_path=v.name_or_path,
+        max_length=v.max_length, device=cfg.extract.device, l2=v.l2, epochs=v.epochs, batch_size=v.batch_size,
+        lr=v.lr, max_train_captions=v.max_train_captions, seed=v.seed)
+    metrics: dict[str, Any] = {"evaluation_classifier.fit_seconds": time.perf_counter() - tick}
+    val = stylized[stylized["split"] == "val"]
+    accuracy = {}
+    for i, style in enumerate(cfg.styles):
+        own = val.loc[val["style"] == style, "caption"].tolist()
+        if not own or not pool["heldout"]:
+            continue
+        negatives = pd.Series(pool["heldout"]).sample(n=min(len(own), len(pool["heldout"])), random_state=v.seed + i)
+        scores = classifiers.accuracy(style, own, negatives.tolist())
+        accuracy[style] = scores["accuracy"]
+        metrics.update({f"evaluation_classifier.{style}.val_{k}": value for k, value in scores.items()})
+    out_dir = model_dir(cfg, EVALUATION_CLASSIFIERS, run_id)
+    classifiers.save(out_dir)
+    if v.kind == "finetune" and cfg.mlflow.register_models:
+        for style, clf in classifiers.models.items():
+            log_transformers_model(cfg, clf.model, clf.tokenizer, name=f"evaluation_classifier_{style}",
+                                   task="text-classification")
+    else:
+        mlflow.log_artifacts(str(out_dir), EVALUATION_CLASSIFIERS)
+    record = {"path": str(out_dir), "version": run_id, "kind": v.kind, "styles": classifiers.styles,
+              "factual_label": cfg.factual_label, "val_accuracy": accuracy}
+    set_current(cfg, EVALUATION_CLASSIFIERS, record)
+    return record, metrics
+
+
+# ------------------------------------------------------------------------------------------------------ apply
+def scenes_to_extract(spark: SparkSession, cfg: ErgConfig, extractors: dict[str, dict], incremental: bool) -> DataFrame:
+    """``scene_id, style, caption`` of the stylized captions to split (incremental: those without a phrase of their
+    set's current classifier)."""
+    todo = read_table(spark, cfg, "stylized_captions").filter(F.col("style").isin(cfg.styles)) \
+        .select("scene_id", "style", "caption")
+    if incremental:
+        versions = spark.createDataFrame([(style, record["version"]) for record in extractors.values()
+                                          for style in record["styles"]], "style string, classifier_version string")
+        done = read_table(spark, cfg, "style_phrases").join(versions, ["style", "classifier_version"])
+        todo = todo.join(done.select("scene_id"), "scene_id", "left_anti")
+    return todo
+
+
+def apply_extractors(spark: SparkSession, cfg: ErgConfig, todo: DataFrame, n_todo: int, extractors: dict[str, dict],
+                     run_id: str) -> dict[str, float]:
+    """Split ``todo``'s captions with their set's classifier and head (iterator UDF); MERGE into style_phrases."""
+    partitions = max(1, min(spark.sparkContext.defaultParallelism * 2, n_todo // 128 + 1))
+    extractor = make_extractor(extractors, cfg.extract.batch_size, cfg.extract.device)
+    rows = (todo.repartition(partitions, "scene_id").mapInPandas(extractor, STYLE_PHRASE_DDL)
+            .withColumn("run_id", F.lit(run_id)).withColumn("created_at", F.current_timestamp()))
+    stats = merge_rows(spark, cfg, "style_phrases", rows, update_existing=True)
+    return {"style_phrases.inserted": stats["inserted"], "style_phrases.updated": stats["updated"]}
+
+
+# ----------------------------------------------------------------------------------------------------- report
 def phrase_quality(phrases: pd.DataFrame, factual: pd.DataFrame, stylized_all: pd.DataFrame, eps: float,
                    seed: int, min_heldout: int = 20) -> dict[str, dict]:
     """Precision/recall of extracted phrases against the words a stylized caption adds over its image's factual
@@ -106,84 +282,72 @@ def phrase_quality(phrases: pd.DataFrame, factual: pd.DataFrame, stylized_all: p
     return {**{name: s.to_dict() for name, s in scores.items()}, "evaluated_on": evaluated_on}
 
 
-def extract(spark: SparkSession, cfg: ErgConfig, *, incremental: bool = False) -> dict:
-    from models.style_phrases import StylePhrase, select_style_head
-    from models.importance_render import confidence_heatmap_png, importance_html, importance_png
-
+def report_phrases(spark: SparkSession, cfg: ErgConfig, run_id: str, stylized: pd.DataFrame,
+                   factual: pd.DataFrame) -> dict[str, float]:
+    """Table 4 artifacts and phrase quality of the rows this run wrote; returns metrics."""
     import mlflow
 
+    from models.importance_render import importance_html, importance_png
+    from models.style_phrases import StylePhrase
+
     e = cfg.extract
-    stylized_df = read_table(spark, cfg, "stylized_captions").filter(F.col("style").isin(cfg.styles))
-    with job_run(cfg, "extract", sections=("extract",), params={"incremental": incremental}) as run:
+    written = read_table(spark, cfg, "style_phrases").filter(F.col("run_id") == run_id).toPandas()
+    if written.empty:
+        return {}
+    records = [StylePhrase(tokens=list(r.tokens), importance=list(r.importance), phrase_mask=list(r.phrase_mask),
+                           phrase_words=list(r.phrase_words), style_phrase=r.style_phrase, content=r.content,
+                           layer=r.layer, head=r.head, eps=r.eps) for r in written.itertuples()]
+    styles = written["style"].tolist()
+    mlflow.log_text(importance_html(records, styles, e.table4_samples_per_style), "table4_importance.html")
+    with tempfile.TemporaryDirectory() as tmp:
+        mlflow.log_artifact(str(importance_png(records, styles, Path(tmp) / "table4_importance.png",
+                                               e.table4_samples_per_style)))
+    counts: dict[str, float] = {}
+    quality = phrase_quality(written, factual, stylized, e.eps, e.classifier.seed)
+    if quality:
+        mlflow.log_dict(quality, "phrase_quality.json")
+        for method, scores in quality.items():
+            if isinstance(scores, dict):
+                counts.update({f"phrase.{method}.{k}": scores[k] for k in ("precision", "recall", "f1")})
+        counts["phrase.evaluated_captions"] = quality["attention"]["n_captions"]
+    return counts
+
+
+# -------------------------------------------------------------------------------------------------------- job
+def extract(spark: SparkSession, cfg: ErgConfig, *, incremental: bool = False) -> dict:
+    """Fit what is missing (everything unless ``incremental``), apply the extractors, report."""
+    import mlflow
+
+    with job_run(cfg, "extract", sections=("extract", "style_sets"),
+                 params={"incremental": incremental}) as run:
         run_id = run.info.run_id
         counts: dict[str, float] = {}
-        current = get_current(cfg, "style_classifier") if incremental else None
-        if current is None:
-            stylized = stylized_df.select("scene_id", "image_id", "caption", "style", "split").toPandas()
-            factual = read_table(spark, cfg, "factual_captions").select("image_id", "caption").toPandas()
-            if stylized.empty:
-                raise RuntimeError("stylized_captions is empty: run `erg ingest` first")
-            splits = classifier_splits(stylized, factual, cfg)
-            out_dir = model_dir(cfg, "style_classifier", run_id)
-            clf, metrics = train_classifier(cfg, splits, out_dir)
+        extractors = current_extractors(cfg) if incremental else {name: None for name in cfg.style_sets}
+        evaluation = get_current(cfg, EVALUATION_CLASSIFIERS) if incremental else None
+        stylized = factual = None
+        if evaluation is None or any(record is None for record in extractors.values()):
+            stylized = read_stylized(spark, cfg)
+        for style_set, record in extractors.items():
+            if record is None:
+                extractors[style_set], metrics = fit_extractor(cfg, style_set, stylized, run_id)
+                counts.update(metrics)
+        if evaluation is None:
+            factual = read_factual_for_classifiers(spark, cfg)
+            evaluation, metrics = fit_evaluation_classifiers(cfg, stylized, factual, run_id)
             counts.update(metrics)
-            selection_set = stylized.sample(n=min(e.head_selection_captions, len(stylized)), random_state=e.classifier.seed)
-            selection = select_style_head(clf, selection_set["caption"].tolist(), selection_set["style"].tolist(),
-                                          eps=e.eps, batch_size=e.batch_size)
-            counts.update({"head.layer": selection.layer, "head.head": selection.head,
-                           "head.min_confidence": float(selection.confidence.min()),
-                           "head.selection_captions": selection.n_captions})
-            with tempfile.TemporaryDirectory() as tmp:
-                heatmap = confidence_heatmap_png(selection.confidence, (selection.layer, selection.head),
-                                                 Path(tmp) / "head_confidence.png")
-                mlflow.log_artifact(str(heatmap))
-            mlflow.log_dict(selection.to_dict(), "head_selection.json")
-            if cfg.mlflow.register_models:
-                log_transformers_model(cfg, clf.model, clf.tokenizer, name="style_classifier",
-                                       task="text-classification")
-            current = {"path": str(out_dir), "version": run_id, "layer": selection.layer, "head": selection.head,
-                       "eps": e.eps, "labels": clf.labels, "max_length": e.classifier.max_length,
-                       "accuracy": metrics.get("classifier.accuracy")}
-            set_current(cfg, "style_classifier", current)
-        mlflow.set_tags({"erg.classifier_version": current["version"], "erg.style_head": f"{current['layer']},{current['head']}"})
+        mlflow.set_tags({**{f"erg.classifier_version.{name}": r["version"] for name, r in extractors.items()},
+                         **{f"erg.style_head.{name}": f"{r['layer']},{r['head']}" for name, r in extractors.items()},
+                         "erg.evaluation_classifiers_version": evaluation["version"]})
 
-        todo = stylized_df.select("scene_id", "style", "caption")
-        if incremental:
-            done = read_table(spark, cfg, "style_phrases").filter(F.col("classifier_version") == current["version"])
-            todo = todo.join(done.select("scene_id"), "scene_id", "left_anti")
+        todo = scenes_to_extract(spark, cfg, extractors, incremental)
         n_todo = todo.count()
         counts["scenes_to_extract"] = n_todo
         if n_todo:
-            partitions = max(1, min(spark.sparkContext.defaultParallelism * 2, n_todo // 128 + 1))
-            extractor = make_extractor(current["path"], current["layer"], current["head"], current["eps"],
-                                       e.batch_size, e.device, current["max_length"])
-            rows = (todo.repartition(partitions, "scene_id").mapInPandas(extractor, STYLE_PHRASE_DDL)
-                    .withColumn("classifier_version", F.lit(current["version"]))
-                    .withColumn("run_id", F.lit(run_id)).withColumn("created_at", F.current_timestamp()))
-            stats = merge_rows(spark, cfg, "style_phrases", rows, update_existing=True)
-            counts["style_phrases.inserted"] = stats["inserted"]
-            counts["style_phrases.updated"] = stats["updated"]
-
-            written = read_table(spark, cfg, "style_phrases").filter(F.col("run_id") == run_id).toPandas()
-            records = [StylePhrase(tokens=list(r.tokens), importance=list(r.importance),
-                                   phrase_mask=list(r.phrase_mask),
-                                   phrase_words=list(r.phrase_words), style_phrase=r.style_phrase, content=r.content,
-                                   layer=r.layer, head=r.head, eps=r.eps)
-                       for r in written.itertuples()]
-            if records:
-                styles = written["style"].tolist()
-                mlflow.log_text(importance_html(records, styles, e.table4_samples_per_style), "table4_importance.html")
-                with tempfile.TemporaryDirectory() as tmp:
-                    mlflow.log_artifact(str(importance_png(records, styles, Path(tmp) / "table4_importance.png",
-                                                           e.table4_samples_per_style)))
-                stylized_all = stylized_df.select("scene_id", "image_id", "caption", "style", "split").toPandas()
-                factual = read_table(spark, cfg, "factual_captions").select("image_id", "caption").toPandas()
-                quality = phrase_quality(written, factual, stylized_all, current["eps"], e.classifier.seed)
-                if quality:
-                    mlflow.log_dict(quality, "phrase_quality.json")
-                    for method, scores in quality.items():
-                        if isinstance(scores, dict):
-                            counts.update({f"phrase.{method}.{k}": scores[k] for k in ("precision", "recall", "f1")})
-                    counts["phrase.evaluated_captions"] = quality["attention"]["n_captions"]
+            counts.update(apply_extractors(spark, cfg, todo, n_todo, extractors, run_id))
+            stylized = read_stylized(spark, cfg) if stylized is None else stylized
+            counts.update(report_phrases(spark, cfg, run_id, stylized, read_factual_for_classifiers(spark, cfg)
+                                         if factual is None else factual))
         log_counts(counts)
-        return {**counts, "run_id": run_id, "classifier_version": current["version"]}
+        return {**counts, "run_id": run_id,
+                "classifier_versions": {name: r["version"] for name, r in extractors.items()},
+                "evaluation_classifiers_version": evaluation["version"]}

@@ -5,8 +5,8 @@ and its splits assigned as ``erg ingest`` does, and its images are embedded from
 MiniLM through ``udfs.embedding.embed_batch`` (the vectors ``erg embed`` writes); the rows are appended to the
 tables directly, because the ingest and embed jobs (MERGE per table, tested in their own modules) would cost
 minutes on this loaded 2-core machine. A few passing augmented captions are planted (and one whose image has no
-vector, which training must count, not lose); a briefly fine-tuned MiniLM style classifier and per-style trigram
-LMs become the current ones (what ``erg extract`` / ``erg generate`` leave). Then both captioner variants train
+vector, which training must count, not lose); linear-probe evaluation classifiers (one per style, vs factual
+captions) and per-style trigram LMs become the current ones (what ``erg extract`` / ``erg generate`` leave). Then both captioner variants train
 with ``num_processes=2`` and are evaluated.
 """
 from __future__ import annotations
@@ -85,22 +85,21 @@ def _plant_augmented(spark, cfg, stylized, factual) -> int:
     return len(chosen)
 
 
-def _current_classifier_and_lms(cfg, stylized) -> None:
-    """A briefly fine-tuned MiniLM style classifier and per-style trigram LMs (train split), as the current ones."""
-    import torch
-
+def _current_classifier_and_lms(cfg, stylized, factual) -> None:
+    """Evaluation classifiers (style vs factual, linear probes over MiniLM) and per-style trigram LMs (train split),
+    as the current ones."""
+    from jobs.extract import EVALUATION_CLASSIFIERS
     from jobs.model_store import model_dir, set_current
-    from models.backbones import minilm_path
-    from models.style_classifier import fine_tune, load_style_classifier
+    from models.caption_scoring import train_evaluation_classifiers
     from models.trigram_lm import StyleLanguageModels
 
-    torch.manual_seed(0)
     train = stylized[stylized["split"] == "train"]
-    folder = model_dir(cfg, "style_classifier", "fixture")
-    clf = load_style_classifier(minilm_path(), cfg.labels, device="cpu", max_length=32)
-    fine_tune(clf, train["caption"].tolist(), train["style"].tolist(), epochs=1, batch_size=16, lr=1e-4)
-    clf.save(folder)
-    set_current(cfg, "style_classifier", {"path": str(folder), "version": "fixture", "max_length": 32})
+    classifiers = train_evaluation_classifiers(
+        "linear_probe", {s: train.loc[train["style"] == s, "caption"].tolist() for s in STYLES},
+        factual["caption"].tolist(), device="cpu", max_length=32)
+    folder = classifiers.save(model_dir(cfg, EVALUATION_CLASSIFIERS, "fixture"))
+    set_current(cfg, EVALUATION_CLASSIFIERS, {"path": folder, "version": "fixture", "kind": "linear_probe",
+                                              "styles": STYLES, "factual_label": "factual"})
     lm_path = StyleLanguageModels.train(train["caption"].tolist(), train["style"].tolist()).save(
         Path(cfg.home) / "lms.json")
     set_current(cfg, "generator", {"lm_path": lm_path, "version": "fixture"})
@@ -123,7 +122,7 @@ def trained(spark, erg_home) -> dict:
     get_spark(cfg)
     stylized, factual, encoder_version = _load_sample(spark, cfg)
     planted = _plant_augmented(spark, cfg, stylized, factual)
-    _current_classifier_and_lms(cfg, stylized)
+    _current_classifier_and_lms(cfg, stylized, factual)
     original_cfg = load_config("test", base + ["train.use_augmented=false",
                                                f"train.reader={'petastorm' if PETASTORM else 'parquet'}"])
     with pytest.warns(RuntimeWarning, match="petastorm") if PETASTORM else contextlib.nullcontext():

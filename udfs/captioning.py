@@ -1,11 +1,12 @@
 """Captioning of test images as an iterator pandas UDF (mapInPandas): every trained captioner, loaded once per
-executor process, writes a greedy caption for each (image, style) row, and the style classifier and the target
-style's trigram LM score it, in the same pass.
+executor process, writes a greedy caption for each (image, style) row, and the target style's evaluation classifier
+and trigram LM score it in the same pass, through :func:`models.caption_scoring.score_captions` (the scoring that
+generation's filters use).
 
 Input frames carry ``image_id``, ``style`` and ``features`` (the image vector, ``array<float>``); each input row
 gives one output row per captioner variant (``original`` / ``augmented``) in :data:`HYPOTHESIS_DDL`:
-the hypothesis, the classifier's predicted label, its probability of the target style, and the perplexity under
-the target style's LM (NaN where that style has no LM).
+the hypothesis, the predicted label (the target style if its evaluation classifier gives it p > 0.5, else the
+factual label), that probability, and the perplexity under the target style's LM (NaN where that style has no LM).
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from collections.abc import Callable, Iterator, Mapping
 import numpy as np
 import pandas as pd
 
-from udfs.runtime import cached_model, cached_style_classifier, cached_style_lms, limit_threads, rebatch, task_device
+from udfs.runtime import cached_caption_scoring, cached_model, limit_threads, rebatch, task_device
 
 HYPOTHESIS_DDL = ("variant string, image_id string, style string, hypothesis string, predicted_style string, "
                   "style_probability double, perplexity double")
@@ -30,26 +31,12 @@ def stack_features(vectors: pd.Series) -> np.ndarray:
     return np.stack([np.asarray(v, dtype=np.float32) for v in vectors])
 
 
-def score_hypotheses(hypotheses: list[str], styles: list[str], clf, lms) -> pd.DataFrame:
-    """The classifier's verdict and the target style's perplexity of each hypothesis (aligned with ``styles``)."""
-    proba = clf.predict_proba(hypotheses)
-    with_lm = np.array([s in lms.styles for s in styles], dtype=bool)
-    perplexity = np.full(len(hypotheses), np.nan)
-    if with_lm.any():
-        rows = np.flatnonzero(with_lm)
-        perplexity[rows] = lms.perplexities([hypotheses[i] for i in rows], [styles[i] for i in rows])
-    return pd.DataFrame({
-        "predicted_style": [clf.labels[i] for i in proba.argmax(axis=1)],
-        "style_probability": [float(proba[row, clf.label_index(s)]) if s in clf.labels else float("nan")
-                              for row, s in enumerate(styles)],
-        "perplexity": perplexity,
-    })
-
-
-def caption_batch(frame: pd.DataFrame, captioners: Mapping[str, object], clf, lms, max_len: int) -> pd.DataFrame:
+def caption_batch(frame: pd.DataFrame, captioners: Mapping[str, object], classifiers, lms,
+                  max_len: int) -> pd.DataFrame:
     """Greedy captions of ``frame``'s images by every captioner in its row's style, scored; one row per variant."""
     import torch
 
+    from models.caption_scoring import score_captions
     from models.captioners import greedy_decode
 
     features = torch.from_numpy(stack_features(frame["features"]))
@@ -57,18 +44,18 @@ def caption_batch(frame: pd.DataFrame, captioners: Mapping[str, object], clf, lm
     parts = []
     for variant, model in captioners.items():
         hypotheses = greedy_decode(model, features, styles, max_len=max_len)
-        scored = score_hypotheses(hypotheses, styles, clf, lms)
+        scored = score_captions(hypotheses, styles, classifiers, lms, batch_size=max(1, len(hypotheses)))
         parts.append(pd.concat([pd.DataFrame({"variant": variant, "image_id": frame["image_id"].to_numpy(),
                                               "style": styles, "hypothesis": hypotheses}), scored], axis=1))
     return pd.concat(parts, ignore_index=True)[HYPOTHESIS_COLUMNS]
 
 
-def make_captioner_evaluator(captioner_paths: Mapping[str, str], classifier_path: str, classifier_max_length: int,
-                             lm_path: str, max_len: int, batch_size: int,
-                             device: str) -> Callable[[Iterator[pd.DataFrame]], Iterator[pd.DataFrame]]:
+def make_captioner_evaluator(captioner_paths: Mapping[str, str], classifiers_path: str, lm_path: str, max_len: int,
+                             batch_size: int, device: str) -> Callable[[Iterator[pd.DataFrame]], Iterator[pd.DataFrame]]:
     """mapInPandas function: ``image_id, style, features`` -> :data:`HYPOTHESIS_DDL` rows, one per variant.
 
-    ``captioner_paths`` maps a variant name to a folder written by :func:`models.captioners.save_captioner`.
+    ``captioner_paths`` maps a variant name to a folder written by :func:`models.captioners.save_captioner`;
+    ``classifiers_path`` is the current ``evaluation_classifiers`` folder, ``lm_path`` the trigram LMs' file.
     """
     if not captioner_paths:
         raise ValueError("no captioners given: captioner_paths maps a variant (original/augmented) to a model folder")
@@ -81,9 +68,8 @@ def make_captioner_evaluator(captioner_paths: Mapping[str, str], classifier_path
         dev = task_device(device)
         captioners = {variant: cached_model(("captioner", path, dev), lambda p=path: load_captioner(p, device=dev))
                       for variant, path in paths.items()}
-        clf = cached_style_classifier(classifier_path, dev, classifier_max_length)
-        lms = cached_style_lms(lm_path)
+        classifiers, lms = cached_caption_scoring(classifiers_path, lm_path, dev)
         for frame in rebatch(frames, batch_size):
-            yield caption_batch(frame, captioners, clf, lms, max_len)
+            yield caption_batch(frame, captioners, classifiers, lms, max_len)
 
     return evaluate_batches

@@ -84,3 +84,17 @@ def cached_style_lms(path: str):
     from models.trigram_lm import StyleLanguageModels
 
     return cached_model(("style_lms", path), lambda: StyleLanguageModels.load(path))
+
+
+def cached_evaluation_classifiers(path: str, device: str):
+    """The per-style evaluation classifiers saved at ``path`` (``erg extract``), once per process and device."""
+    from models.caption_scoring import load_evaluation_classifiers
+
+    return cached_model(("evaluation_classifiers", path, device), lambda: load_evaluation_classifiers(path, device))
+
+
+def cached_caption_scoring(classifiers_path: str, lm_path: str | None, device: str):
+    """``(evaluation classifiers, trigram LMs or None)`` for :func:`models.caption_scoring.score_captions`, loaded
+    once per process: generation (filters 1-2) and evaluation (cls., ppl.) score through the same models."""
+    return (cached_evaluation_classifiers(classifiers_path, device),
+            cached_style_lms(lm_path) if lm_path else None)
