@@ -4,9 +4,16 @@ A generated caption is kept only if
 - ``style``: the style classifier's argmax is the target style (``predicted_style == target_style``),
 - ``perplexity``: its perplexity under the trigram LM of the target style is ``< ppl_max`` (paper: 80),
 - ``similarity``: the retrieval similarity that paired its phrase with the factual caption is ``> min_similarity``
-  (paper: 0.6).
-A missing value (NaN / None) fails its filter. Thresholds are always passed in; the paper's values are
-``PAPER_PPL_MAX`` and ``PAPER_MIN_SIMILARITY``.
+  (paper: 0.6). Retrieval keeps only hits above ``retrieve.min_similarity`` (0.6 too), so with equal thresholds
+  this filter cannot reject anything; it bites only when retrieval keeps hits below the filter's threshold.
+
+Beyond the paper, two filters catch fluent-looking nonsense that the three above pass:
+- ``content``: the sentence encoder's cosine between the generated and the factual caption is
+  ``> min_content_similarity`` (the generated caption still describes the factual scene);
+- ``well_formed``: no non-word and no repeated word trigram (``well_formed_reason`` is None,
+  see :func:`models.caption_quality.well_formedness`).
+Each applies when its threshold / switch is given. A missing value (NaN / None) fails its filter. Thresholds are
+always passed in; the paper's values are ``PAPER_PPL_MAX`` and ``PAPER_MIN_SIMILARITY``.
 """
 from __future__ import annotations
 
@@ -19,7 +26,7 @@ import pandas as pd
 PAPER_PPL_MAX = 80.0
 PAPER_MIN_SIMILARITY = 0.6
 INPUT_COLUMNS = ("target_style", "predicted_style", "perplexity", "similarity")
-FILTERS = ("style", "perplexity", "similarity")
+FILTERS = ("style", "perplexity", "similarity", "content", "well_formed")
 VERDICT_COLUMNS = tuple(f"passed_{f}" for f in FILTERS) + ("passed",)
 
 
@@ -36,11 +43,22 @@ def _numeric(df: pd.DataFrame, column: str) -> pd.Series:
         raise ValueError(f"column {column!r} must be numeric (NaN allowed): {err}") from err
 
 
-def apply_filters(df: pd.DataFrame, ppl_max: float, min_similarity: float) -> pd.DataFrame:
-    """A copy of ``df`` with ``passed_style``, ``passed_perplexity``, ``passed_similarity``, ``passed`` (bool) and
-    ``reject_reason`` (None if passed, else the failed filters joined by ',', e.g. "style,perplexity")."""
+def apply_filters(df: pd.DataFrame, ppl_max: float, min_similarity: float,
+                  min_content_similarity: float | None = None, well_formed: bool = False) -> pd.DataFrame:
+    """A copy of ``df`` with ``passed_<filter>`` for every filter, ``passed`` (bool) and ``reject_reason`` (None if
+    passed, else the failed filters joined by ',', e.g. "style,perplexity"; a malformed caption's reason says why,
+    e.g. "well_formed:nonword:keyain").
+
+    ``min_content_similarity`` (needs column ``content_similarity``) and ``well_formed`` (needs column
+    ``well_formed_reason``) switch the two filters beyond the paper on; a filter that is off passes every row."""
     _require_columns(df, INPUT_COLUMNS)
-    for name, value in (("ppl_max", ppl_max), ("min_similarity", min_similarity)):
+    thresholds = [("ppl_max", ppl_max), ("min_similarity", min_similarity)]
+    if min_content_similarity is not None:
+        thresholds.append(("min_content_similarity", min_content_similarity))
+        _require_columns(df, ["content_similarity"], hint="; the content filter needs it")
+    if well_formed:
+        _require_columns(df, ["well_formed_reason"], hint="; the well-formedness filter needs it")
+    for name, value in thresholds:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise ValueError(f"{name} must be a finite number, got {value!r}")
     out = df.copy()
@@ -49,20 +67,28 @@ def apply_filters(df: pd.DataFrame, ppl_max: float, min_similarity: float) -> pd
         "style": (target.notna() & predicted.notna() & (target.astype(object) == predicted.astype(object))),
         "perplexity": _numeric(out, "perplexity") < ppl_max,  # NaN compares False
         "similarity": _numeric(out, "similarity") > min_similarity,
+        "content": (_numeric(out, "content_similarity") > min_content_similarity
+                    if min_content_similarity is not None else pd.Series(True, index=out.index)),
+        "well_formed": (out["well_formed_reason"].isna() if well_formed else pd.Series(True, index=out.index)),
     }
     for name, passed in verdicts.items():
         out[f"passed_{name}"] = passed.fillna(False).astype(bool).to_numpy()
     failed = np.column_stack([~out[f"passed_{f}"].to_numpy() for f in FILTERS])
     out["passed"] = ~failed.any(axis=1)
-    out["reject_reason"] = [",".join(f for f, bad in zip(FILTERS, row) if bad) or None for row in failed]
+    detail = out["well_formed_reason"].tolist() if well_formed else [None] * len(out)
+
+    def reason(row, why) -> str | None:
+        names = [f"well_formed:{why}" if f == "well_formed" and why else f for f, bad in zip(FILTERS, row) if bad]
+        return ",".join(names) or None
+
+    out["reject_reason"] = [reason(row, why) for row, why in zip(failed, detail)]
     return out
 
 
 def pass_rates(df: pd.DataFrame, by: Sequence[str] | None = ("target_style",)) -> pd.DataFrame:
     """Share of rows passing each filter and all of them, per group of ``by`` (None or empty: one overall row).
 
-    Columns: the ``by`` columns, ``n``, ``pass_rate_style``, ``pass_rate_perplexity``, ``pass_rate_similarity``,
-    ``pass_rate`` (all three).
+    Columns: the ``by`` columns, ``n``, ``pass_rate_<filter>`` for each of :data:`FILTERS`, ``pass_rate`` (all).
     """
     _require_columns(df, VERDICT_COLUMNS, hint="; run apply_filters first")
     by = list(by or [])

@@ -19,6 +19,15 @@ checkpoint folder that then loads by path through ``load_generator`` like any ot
   library and a randomly initialised GPT-2 or T5 of a given size.
 - ``create_bert2bert_from_minilm``: an ``EncoderDecoderModel`` warm-started on both sides from the packaged
   pretrained all-MiniLM-L6-v2 (only the decoder's cross-attention starts from random).
+- ``create_word_level_generator`` (``init: word_level``): a GPT-2 over whole caption words whose word embeddings
+  start from MiniLM's (each word's WordPiece embeddings averaged, projected to the model width by PCA).
+
+Decoding (``generate``) is greedy, beam or sampling, with optional no-repeat n-grams and a repetition penalty, and
+an optional *source-words constraint*: every generated token must come from the input's bag of tokens (the
+retrieved phrase and the factual caption), each used at most as often as it occurs there. Training rebuilds a
+caption from its own phrase and content, whose words are exactly the caption's words, so the constraint asks of the
+model at inference only what it learned: to order the given words. With a word-level vocabulary it also rules out
+non-words and most loops.
 """
 from __future__ import annotations
 
@@ -31,12 +40,15 @@ from typing import Any
 
 import torch
 from transformers import (
+    AutoModel,
     AutoModelForCausalLM,
     AutoModelForSeq2SeqLM,
     AutoTokenizer,
     EncoderDecoderModel,
     GenerationConfig,
     GPT2Config,
+    LogitsProcessor,
+    LogitsProcessorList,
     PreTrainedModel,
     PreTrainedTokenizerBase,
     T5Config,
@@ -45,11 +57,12 @@ from transformers.utils import logging as hf_logging
 
 from models.backbones import minilm_path, pick_device, resolve_model_path
 from models.text import normalize_caption
-from models.tokenizers_offline import train_gpt2_tokenizer, train_t5_tokenizer
+from models.tokenizers_offline import WORD_UNK, train_gpt2_tokenizer, train_t5_tokenizer, train_word_tokenizer
 
 GENERATOR_KINDS = ("causal", "seq2seq")
 DEFAULT_MODELS = {"causal": "gpt2", "seq2seq": "t5-small"}
 STRATEGIES = ("greedy", "beam", "sample")
+CONSTRAINTS = ("none", "source_words", "merge", "merge_skip")
 DEFAULT_SEP = " [SEP] "
 SETTINGS_FILE = "erg_generator.json"
 IGNORE_INDEX = -100
@@ -80,6 +93,7 @@ class StyleGenerator:
     sep: str = DEFAULT_SEP
     max_source_len: int = 128
     max_target_len: int = 64
+    word_level: bool = False
 
     def source_text(self, style_phrase: str, content: str) -> str:
         """The model input for one example: "[style phrase] [SEP] [content]" (paper Eq. 5)."""
@@ -98,7 +112,7 @@ class StyleGenerator:
         path.mkdir(parents=True, exist_ok=True)
         self.model.save_pretrained(path)
         self.tokenizer.save_pretrained(path)
-        (path / SETTINGS_FILE).write_text(json.dumps({"kind": self.kind, "sep": self.sep}))
+        (path / SETTINGS_FILE).write_text(json.dumps({"kind": self.kind, "sep": self.sep, "word_level": self.word_level}))
         return str(path)
 
 
@@ -172,7 +186,7 @@ def load_generator(
     dev = pick_device(device)
     model.to(dev).eval()
     return StyleGenerator(kind, model, tokenizer, dev, settings.get("sep", DEFAULT_SEP) if sep is None else sep,
-                          max_source_len, max_target_len)
+                          max_source_len, max_target_len, bool(settings.get("word_level", False)))
 
 
 def _positions(gen: StyleGenerator) -> int | None:
@@ -272,6 +286,20 @@ def _loss_and_hits(gen: StyleGenerator, batch: dict[str, torch.Tensor]) -> tuple
     return out.loss, hits, int(mask.sum())
 
 
+def _training_loss(gen: StyleGenerator, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Mean cross-entropy on the caption tokens. For a causal model the output projection runs on the caption
+    positions only (the prompt half of every sequence needs no vocabulary logits): same loss, about half the cost."""
+    model = gen.model
+    head = model.get_output_embeddings() if gen.kind == "causal" else None
+    if head is None or model.base_model is model:
+        return model(**batch).loss
+    hidden = model.base_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
+    labels = batch["labels"][:, 1:]
+    keep = labels != IGNORE_INDEX
+    logits = head(hidden[:, :-1][keep])
+    return torch.nn.functional.cross_entropy(logits.float(), labels[keep])
+
+
 def fine_tune(
     gen: StyleGenerator,
     style_phrases: Sequence[str],
@@ -310,7 +338,7 @@ def fine_tune(
             for start in range(0, n, batch_size):
                 idx = order[start : start + batch_size]
                 batch = _training_batch(gen, [sources[i] for i in idx], [targets[i] for i in idx])
-                loss = gen.model(**batch).loss
+                loss = _training_loss(gen, batch)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(gen.model.parameters(), max_grad_norm)
@@ -374,6 +402,104 @@ def _generation_config(
     return GenerationConfig(do_sample=True, top_p=top_p, top_k=0, temperature=temperature, **common)
 
 
+class SourceWordsConstraint(LogitsProcessor):
+    """Allow only tokens of each input's bag (and eos): a token may be generated as often as it occurs in the input.
+
+    ``bags`` is a (batch, vocab) tensor of token counts of each input; rows of the scores are ``batch * beams``
+    (beam ``r`` belongs to input ``r // beams``); ``offset`` is where generated tokens start in ``input_ids``.
+    ``always`` lists token ids allowed everywhere (eos).
+    """
+
+    def __init__(self, bags: torch.Tensor, offset: int, beams: int, always: Sequence[int]) -> None:
+        self.bags, self.offset, self.beams = bags, offset, beams
+        self.always = torch.tensor(sorted(set(always)), dtype=torch.long, device=bags.device)
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        rows = torch.arange(input_ids.shape[0], device=input_ids.device) // self.beams
+        left = self.bags[rows].clone()
+        generated = input_ids[:, self.offset :]
+        if generated.shape[1]:
+            left.scatter_add_(1, generated, -torch.ones_like(generated, dtype=left.dtype))
+        allowed = left > 0
+        allowed[:, self.always] = True
+        return scores.masked_fill(~allowed, float("-inf"))
+
+
+class MergeConstraint(LogitsProcessor):
+    """Generate an interleaving of the content and the style phrase: every content token in its order (none left
+    out), phrase tokens in their order, eos only once both are used up. With ``skip_phrase`` the model may also
+    leave phrase tokens out (jump to a later one, or end once the content is used up).
+
+    This is the shape of every training target: an extracted style phrase and its content are the caption's words
+    split in two, each kept in order, so the caption is a merge of the two. ``contents`` / ``phrases`` hold each
+    input's token ids; rows of the scores are ``batch * beams``; ``offset`` is where generated tokens start.
+    """
+
+    def __init__(self, contents: Sequence[Sequence[int]], phrases: Sequence[Sequence[int]], offset: int, beams: int,
+                 eos: int, skip_phrase: bool = False) -> None:
+        self.contents, self.phrases = [list(c) for c in contents], [list(p) for p in phrases]
+        self.offset, self.beams, self.eos, self.skip_phrase = offset, beams, eos, skip_phrase
+
+    def allowed(self, row: int, generated: Sequence[int]) -> list[int]:
+        content, phrase = self.contents[row], self.phrases[row]
+        ci = pi = 0
+        for t in generated:
+            if t == self.eos:
+                return [self.eos]
+            if ci < len(content) and t == content[ci]:
+                ci += 1
+                continue
+            j = next((j for j in range(pi, len(phrase)) if phrase[j] == t), None)
+            if j is not None:
+                pi = j + 1
+        nxt = [content[ci]] if ci < len(content) else []
+        if self.skip_phrase:
+            return (nxt or [self.eos]) + phrase[pi:]
+        nxt += phrase[pi : pi + 1]
+        return nxt or [self.eos]
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        mask = torch.ones_like(scores, dtype=torch.bool)
+        generated = input_ids[:, self.offset :].tolist()
+        for r, gen_ids in enumerate(generated):
+            mask[r, self.allowed(r // self.beams, gen_ids)] = False
+        return scores.masked_fill(mask, float("-inf"))
+
+
+def _bags(gen: StyleGenerator, sources: Sequence[Sequence[int]]) -> torch.Tensor:
+    """(n, vocab) counts of the word tokens of each source (special tokens but [UNK] left out)."""
+    vocab = gen.model.get_output_embeddings().weight.shape[0] if gen.model.get_output_embeddings() is not None \
+        else len(gen.tokenizer)
+    special = set(gen.tokenizer.all_special_ids) - {gen.tokenizer.unk_token_id}
+    bags = torch.zeros((len(sources), vocab), dtype=torch.int16)
+    for row, ids in enumerate(sources):
+        for t in ids:
+            if t not in special and t < vocab:
+                bags[row, t] += 1
+    return bags
+
+
+def _word_ids(gen: StyleGenerator, texts: Sequence[str]) -> list[list[int]]:
+    """Token ids of each text as the generator writes it (a leading space, no special tokens)."""
+    return gen.tokenizer([" " + t.strip() for t in texts], add_special_tokens=False).input_ids
+
+
+def _decode_words(gen: StyleGenerator, ids: Sequence[int], source_text: str) -> str:
+    """Word-level decoding: specials dropped, each [UNK] replaced by the next out-of-vocabulary source word."""
+    tok = gen.tokenizer
+    unk = tok.unk_token_id
+    oov = [w for w in source_text.replace(gen.sep.strip(), " ").split() if tok.convert_tokens_to_ids(w) == unk]
+    special = set(tok.all_special_ids)
+    words = []
+    for t in ids:
+        if t == unk:
+            if oov:
+                words.append(oov.pop(0))
+        elif t not in special:
+            words.append(tok.convert_ids_to_tokens(int(t)))
+    return " ".join(words)
+
+
 @torch.no_grad()
 def generate(
     gen: StyleGenerator,
@@ -386,18 +512,36 @@ def generate(
     max_new_tokens: int = 40,
     batch_size: int = 32,
     seed: int = 0,
+    no_repeat_ngram_size: int = 0,
+    repetition_penalty: float = 1.0,
+    constraint: str = "none",
 ) -> list[str]:
     """Generate one stylized caption per "[retrieved phrase] [SEP] [factual caption]", in input order.
 
     ``strategy``: ``greedy``, ``beam`` (``num_beams``) or ``sample`` (nucleus ``top_p``, ``temperature``; the global
     RNG is left untouched and ``seed`` makes a call repeatable). Runs in batches of ``batch_size`` with the KV cache.
+    ``no_repeat_ngram_size`` (0 = off) and ``repetition_penalty`` (1 = off) are Hugging Face's decoding options;
+    ``constraint="source_words"`` lets only the input's own tokens be generated (see ``SourceWordsConstraint``);
+    ``"merge"`` / ``"merge_skip"`` write the factual caption with the phrase's tokens placed into it by the model
+    (see ``MergeConstraint``; meant for word-level generators, where a token is a word).
     """
     n = _check_texts(style_phrases=style_phrases, factual_captions=factual_captions)
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if constraint not in CONSTRAINTS:
+        raise ValueError(f"constraint must be one of {CONSTRAINTS}, got {constraint!r}")
+    if no_repeat_ngram_size < 0 or not repetition_penalty > 0:
+        raise ValueError(f"no_repeat_ngram_size must be >= 0 and repetition_penalty > 0, got "
+                         f"{no_repeat_ngram_size}, {repetition_penalty}")
     config = _generation_config(gen, strategy, num_beams, top_p, temperature, max_new_tokens)
+    if no_repeat_ngram_size:
+        config.no_repeat_ngram_size = no_repeat_ngram_size
+    if repetition_penalty != 1.0:
+        config.repetition_penalty = repetition_penalty
     sources = _source_ids(gen, style_phrases, factual_captions, max_new_tokens)
+    texts = [gen.source_text(p, c) for p, c in zip(style_phrases, factual_captions)]
     left = gen.kind == "causal"
+    beams = num_beams if strategy == "beam" else 1
     outputs: list[str] = []
     devices = [gen.device] if gen.device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
@@ -406,9 +550,25 @@ def generate(
             chunk = sources[start : start + batch_size]
             input_ids = _pad(chunk, gen.tokenizer.pad_token_id, left=left).to(gen.device)
             attention_mask = _mask(chunk, left=left).to(gen.device)
-            out = gen.model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config)
+            processors = LogitsProcessorList()
+            if constraint == "source_words":
+                offset = input_ids.shape[1] if left else 1
+                processors.append(SourceWordsConstraint(_bags(gen, chunk).to(gen.device), offset, beams,
+                                                        [gen.eos_token_id]))
+            elif constraint in ("merge", "merge_skip"):
+                offset = input_ids.shape[1] if left else 1
+                phrases = _word_ids(gen, style_phrases[start : start + batch_size])
+                contents = _word_ids(gen, factual_captions[start : start + batch_size])
+                processors.append(MergeConstraint(contents, phrases, offset, beams, gen.eos_token_id,
+                                                  skip_phrase=constraint == "merge_skip"))
+            out = gen.model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config,
+                                     logits_processor=processors)
             new_tokens = out[:, input_ids.shape[1] :] if left else out
-            outputs += [t.strip() for t in gen.tokenizer.batch_decode(new_tokens, skip_special_tokens=True)]
+            if gen.word_level:
+                outputs += [_decode_words(gen, ids.tolist(), text).strip()
+                            for ids, text in zip(new_tokens, texts[start : start + batch_size])]
+            else:
+                outputs += [t.strip() for t in gen.tokenizer.batch_decode(new_tokens, skip_special_tokens=True)]
     return outputs
 
 
@@ -476,3 +636,55 @@ def create_bert2bert_from_minilm(save_dir: str | Path, encoder_path: str | None 
         cfg.pad_token_id = tok.pad_token_id
     model.config.vocab_size = model.config.decoder.vocab_size
     return StyleGenerator("seq2seq", model, tok, torch.device("cpu"), DEFAULT_SEP).save(save_dir)
+
+
+def _minilm_word_embeddings(words: Sequence[str], width: int, encoder_path: str | None = None,
+                            std: float = 0.02) -> torch.Tensor:
+    """(len(words), width) embeddings: MiniLM's WordPiece embeddings of each word averaged, PCA-projected to
+    ``width`` (zero-padded if wider than MiniLM) and scaled to GPT-2's initial std."""
+    path = resolve_model_path(encoder_path or minilm_path())
+    tok = AutoTokenizer.from_pretrained(path)
+    table = AutoModel.from_pretrained(path).get_input_embeddings().weight.detach()
+    pieces = tok(list(words), add_special_tokens=False).input_ids
+    vectors = torch.stack([table[ids].mean(0) if ids else table[tok.unk_token_id] for ids in pieces])
+    vectors = vectors - vectors.mean(0, keepdim=True)
+    k = min(width, vectors.shape[1], vectors.shape[0])
+    _, _, v = torch.linalg.svd(vectors, full_matrices=False)
+    projected = vectors @ v[:k].T
+    if k < width:
+        projected = torch.cat([projected, torch.zeros(len(words), width - k)], dim=1)
+    return projected * (std / projected.std().clamp_min(1e-8))
+
+
+def create_word_level_generator(
+    tokenizer_corpus: Sequence[str],
+    save_dir: str | Path,
+    config_overrides: dict[str, Any] | None = None,
+    min_frequency: int = 1,
+    max_vocab: int | None = None,
+    embeddings: str = "minilm",
+    sep: str = DEFAULT_SEP,
+    seed: int = 0,
+) -> str:
+    """Build an untrained GPT-2 over whole words (``init: word_level``) and save it; returns its folder.
+
+    The vocabulary is the words of ``tokenizer_corpus`` (normalised captions: the stylized train captions and the
+    factual corpus); ``embeddings="minilm"`` starts each word's (tied input/output) embedding from MiniLM's
+    pretrained WordPiece embeddings, ``"random"`` from GPT-2's random init.
+    """
+    if embeddings not in ("minilm", "random"):
+        raise ValueError(f"embeddings must be 'minilm' or 'random', got {embeddings!r}")
+    tok = train_word_tokenizer(tokenizer_corpus, min_frequency=min_frequency, max_vocab=max_vocab)
+    eos = tok.eos_token_id
+    params = _config_with(DEFAULT_CONFIGS["causal"], dict(config_overrides or {}), GPT2Config, "causal")
+    config = GPT2Config(vocab_size=len(tok), bos_token_id=eos, eos_token_id=eos, pad_token_id=eos, **params)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config)
+    if embeddings == "minilm":
+        vocab = tok.convert_ids_to_tokens(list(range(len(tok))))
+        special = set(tok.all_special_tokens)
+        words = [w for w in vocab if w not in special]
+        ids = tok.convert_tokens_to_ids(words)
+        with torch.no_grad():
+            model.get_input_embeddings().weight[ids] = _minilm_word_embeddings(words, config.n_embd)
+    return StyleGenerator("causal", model, tok, torch.device("cpu"), sep, word_level=True).save(save_dir)

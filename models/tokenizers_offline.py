@@ -6,6 +6,9 @@ config gets one trained on the captions themselves with the ``tokenizers`` libra
 - ``train_gpt2_tokenizer``: byte-level BPE as in GPT-2 (``<|endoftext|>`` is bos, eos and pad; no unknown tokens).
 - ``train_t5_tokenizer``: Unigram over Metaspace pieces as in T5 (``<pad>`` = 0, ``</s>`` = 1, ``<unk>`` = 2, and
   ``</s>`` appended to every encoded text).
+- ``train_word_tokenizer``: one token per caption word (whitespace split of normalised captions; ``<|endoftext|>``
+  is bos, eos and pad, ``[UNK]`` the unknown word). A generator over whole words can only write words it has seen,
+  and copying a word is one decision, not several pieces that may recombine into a non-word.
 
 Both carry ``[SEP]`` as a special token, so the separator of "[style phrase] [SEP] [content]" (paper Eq. 5) is one
 token and is dropped when generated text is decoded with ``skip_special_tokens``. Both return a
@@ -79,3 +82,32 @@ def train_t5_tokenizer(corpus: Iterable[str], vocab_size: int = 8000) -> PreTrai
     return PreTrainedTokenizerFast(
         tokenizer_object=tok, pad_token=T5_PAD, eos_token=T5_EOS, unk_token=T5_UNK, sep_token=SEP_TOKEN
     )
+
+
+WORD_UNK = "[UNK]"
+
+
+def train_word_tokenizer(corpus: Iterable[str], min_frequency: int = 1,
+                         max_vocab: int | None = None) -> PreTrainedTokenizerFast:
+    """A word-level tokenizer over the whitespace words of ``corpus`` (normalised captions), most frequent first.
+
+    Words seen fewer than ``min_frequency`` times, or beyond the ``max_vocab`` most frequent, map to ``[UNK]``.
+    Decoding joins words with single spaces.
+    """
+    texts = _check_corpus(corpus, MIN_VOCAB_SIZE)
+    counts: dict[str, int] = {}
+    for text in texts:
+        for word in text.split():
+            counts[word] = counts.get(word, 0) + 1
+    specials = [GPT2_EOS, WORD_UNK, SEP_TOKEN]
+    words = sorted((w for w, c in counts.items() if c >= min_frequency and w not in specials),
+                   key=lambda w: (-counts[w], w))
+    if max_vocab is not None:
+        words = words[: max(0, max_vocab - len(specials))]
+    vocab = {token: i for i, token in enumerate(specials + words)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=WORD_UNK))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # joins words with one space
+    tok.add_special_tokens([AddedToken(GPT2_EOS, special=True), AddedToken(WORD_UNK, special=True), _sep_token()])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=GPT2_EOS, eos_token=GPT2_EOS, pad_token=GPT2_EOS,
+                                   unk_token=WORD_UNK, sep_token=SEP_TOKEN)

@@ -17,6 +17,8 @@ from transformers import AutoModel
 
 from models.generator import (
     IGNORE_INDEX,
+    MergeConstraint,
+    create_word_level_generator,
     SETTINGS_FILE,
     create_bert2bert_from_minilm,
     create_generator_from_config,
@@ -181,7 +183,8 @@ def test_save_and_load_round_trip(causal, train_set, tmp_path):
     gen = causal[0]
     phrases, contents, _ = train_set
     path = gen.save(tmp_path / "saved")
-    assert json.loads((Path(path) / SETTINGS_FILE).read_text()) == {"kind": "causal", "sep": " [SEP] "}
+    assert json.loads((Path(path) / SETTINGS_FILE).read_text()) == {"kind": "causal", "sep": " [SEP] ",
+                                                                      "word_level": False}
     again = load_generator("causal", path, device="cpu", max_source_len=48, max_target_len=48)
     assert again.sep == gen.sep
     assert generate(again, phrases, contents) == generate(gen, phrases, contents)
@@ -227,3 +230,97 @@ def test_bert2bert_warm_started_from_minilm_loads_and_learns(tmp_path, train_set
     fine_tune(gen, phrases, contents, caps, epochs=2, batch_size=4, lr=3e-4)
     assert teacher_forced_metrics(gen, phrases, contents, caps)["loss"] < 0.7 * before  # measured: 10.9 -> 4.4
     assert all(isinstance(s, str) for s in generate(gen, phrases, contents, max_new_tokens=8))
+
+
+# ------------------------------------------------------------------ word-level generator and constrained decoding
+@pytest.fixture(scope="module")
+def word_level(captions, train_set, tmp_path_factory):
+    """A tiny word-level GPT-2 (embeddings from MiniLM) fitted on the training captions."""
+    torch.manual_seed(0)
+    folder = tmp_path_factory.mktemp("word")
+    create_word_level_generator(captions, folder, TINY["causal"])
+    gen = load_generator("causal", str(folder), device="cpu", max_source_len=48, max_target_len=48)
+    phrases, contents, caps = train_set
+    fine_tune(gen, phrases, contents, caps, epochs=60, batch_size=N_TRAIN, lr=3e-3, seed=0)
+    return gen
+
+
+def test_word_level_generator_has_one_token_per_word_and_learns(word_level, train_set, tmp_path):
+    gen = word_level
+    phrases, contents, caps = train_set
+    assert gen.word_level and gen.tokenizer.tokenize(" " + caps[0]) == caps[0].split()
+    assert exact_match(generate(gen, phrases, contents, max_new_tokens=40), caps) >= 6 / N_TRAIN
+    # Word embeddings start from MiniLM's: related words are closer than unrelated ones.
+    fresh = load_generator("causal", create_word_level_generator(["dog dogs puppy car"] * 3 + caps, tmp_path / "w",
+                                                                  TINY["causal"]), device="cpu")
+    emb = fresh.model.get_input_embeddings().weight
+    ids = fresh.tokenizer.convert_tokens_to_ids(["dog", "puppy", "car"])
+    cos = torch.nn.functional.cosine_similarity
+    assert cos(emb[ids[0]], emb[ids[1]], dim=0) > cos(emb[ids[0]], emb[ids[2]], dim=0)
+    assert json.loads((Path(gen.save(tmp_path / "s")) / SETTINGS_FILE).read_text())["word_level"] is True
+
+
+def _is_merge(out: list[str], content: list[str], phrase: list[str], skip: bool) -> bool:
+    """True when ``out`` is ``content`` in order with (a subsequence of, when ``skip``) ``phrase`` merged in."""
+    ci = pi = 0
+    for word in out:
+        if ci < len(content) and word == content[ci]:
+            ci += 1
+        elif word in phrase[pi:] and (skip or phrase[pi] == word):
+            pi = phrase.index(word, pi) + 1
+        else:
+            return False
+    return ci == len(content) and (skip or pi == len(phrase))
+
+
+@pytest.mark.parametrize("strategy", ["greedy", "beam"])
+def test_merge_constraint_keeps_every_content_word_in_order_and_places_the_phrase(word_level, captions, strategy):
+    gen = word_level
+    phrases = ["in love", "to find his lost owner", "happily", "ugly"]
+    factual = captions[100:104]
+    out = generate(gen, phrases, factual, strategy=strategy, num_beams=3, constraint="merge")
+    for o, p, f in zip(out, phrases, factual):
+        assert _is_merge(o.split(), f.split(), p.split(), skip=False), (o, p, f)
+    skipped = generate(gen, phrases, factual, strategy=strategy, num_beams=3, constraint="merge_skip")
+    for o, p, f in zip(skipped, phrases, factual):
+        assert _is_merge(o.split(), f.split(), p.split(), skip=True), (o, p, f)
+
+
+def test_merge_constraint_replays_what_was_generated():
+    c = MergeConstraint([[5, 6, 7]], [[8, 9]], offset=0, beams=1, eos=0)
+    assert c.allowed(0, []) == [5, 8]
+    assert c.allowed(0, [5, 8]) == [6, 9]
+    assert c.allowed(0, [5, 8, 6, 7]) == [9]
+    assert c.allowed(0, [5, 8, 6, 7, 9]) == [0]
+    skip = MergeConstraint([[5, 6]], [[8, 9]], offset=0, beams=1, eos=0, skip_phrase=True)
+    assert skip.allowed(0, [5]) == [6, 8, 9] and skip.allowed(0, [5, 9, 6]) == [0]
+
+
+def test_source_words_constraint_and_unknown_words_are_copied_back(word_level):
+    gen = word_level
+    phrase, factual = "zorblax happily", "a dog with a qwertyuiop runs on the grass"
+    out = generate(gen, [phrase], [factual], constraint="source_words", max_new_tokens=20)[0].split()
+    pool = (phrase + " " + factual).split()
+    assert all(out.count(w) <= pool.count(w) for w in out)  # only input words, each at most as often
+    merged = generate(gen, [phrase], [factual], constraint="merge")[0].split()
+    assert "qwertyuiop" in merged and "zorblax" in merged  # [UNK] tokens decode to the input's own words
+    assert [w for w in merged if w in factual.split()] == factual.split()
+
+
+def test_no_repeat_ngrams_and_repetition_penalty_stop_loops(tmp_path, captions):
+    torch.manual_seed(0)
+    gen = load_generator("causal", create_word_level_generator(captions, tmp_path / "raw", TINY["causal"]),
+                         device="cpu")  # untrained: free decoding loops
+    looping = generate(gen, ["funny"] * 4, captions[:4], max_new_tokens=30)
+    fixed = generate(gen, ["funny"] * 4, captions[:4], max_new_tokens=30, no_repeat_ngram_size=2,
+                     repetition_penalty=1.5)
+
+    def repeats(text: str) -> bool:
+        w = text.split()
+        grams = list(zip(w, w[1:]))
+        return len(grams) != len(set(grams))
+
+    assert any(repeats(t) for t in looping)
+    assert not any(repeats(t) for t in fixed)
+    with pytest.raises(ValueError, match="constraint must be one of"):
+        generate(gen, ["funny"], ["a dog"], constraint="bag")
