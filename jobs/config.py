@@ -162,6 +162,11 @@ class ExtractConf(_Section):
     device: str = Field("auto", description="auto | cpu | cuda[:N]")
     table4_samples_per_style: int = Field(4, ge=1)
 
+    def classifier_for(self, style_set: str) -> ClassifierConf:
+        """The extractor classifier settings of one style set: ``classifier`` with that set's overrides."""
+        return ClassifierConf.model_validate({**self.classifier.model_dump(),
+                                              **self.classifier_overrides.get(style_set, {})})
+
 
 class EncoderConf(_Section):
     kind: Literal["sentence", "clip", "oscar"] = "sentence"
@@ -170,11 +175,6 @@ class EncoderConf(_Section):
     device: str = "auto"
     options: dict[str, Any] = Field(default_factory=dict, description="encoder options: sentence max_length; "
                                     "oscar pooling, max_seq_length, max_img_seq_length, tokenizer_name_or_path")
-
-    def classifier_for(self, style_set: str) -> ClassifierConf:
-        """The extractor classifier settings of one style set: ``classifier`` with that set's overrides."""
-        return ClassifierConf.model_validate({**self.classifier.model_dump(),
-                                              **self.classifier_overrides.get(style_set, {})})
 
 
 class IndexConf(_Section):
@@ -207,9 +207,17 @@ class EmbedConf(_Section):
 class GeneratorConf(_Section):
     kind: Literal["causal", "seq2seq"] = "causal"
     name_or_path: str = Field("gpt2", description="checkpoint name or path; with init=config, a config to build")
-    init: Literal["pretrained", "config", "bert2bert_minilm"] = "pretrained"
+    init: Literal["pretrained", "config", "word_level", "bert2bert_minilm"] = Field(
+        "pretrained", description="pretrained: load name_or_path; config: a GPT-2/T5 built from its config with a BPE/"
+        "Unigram tokenizer trained on the captions; word_level: a GPT-2 over whole words, embeddings from MiniLM; "
+        "bert2bert_minilm: a seq2seq model warm-started from MiniLM")
     config_overrides: dict[str, Any] = Field(default_factory=dict)
     vocab_size: int = Field(4000, ge=100, description="init=config: size of the tokenizer trained on the corpus")
+    min_word_count: int = Field(1, ge=1, description="init=word_level: words seen fewer times map to [UNK]")
+    embeddings: Literal["minilm", "random"] = Field("minilm", description="init=word_level: word embeddings start "
+                                                    "from MiniLM's (averaged word pieces, PCA) or from random")
+    max_train_pairs: Optional[int] = Field(None, ge=1, description="cap on (phrase, content) training pairs, drawn "
+                                           "by a seeded sample (null = the whole train split)")
     epochs: int = Field(1, ge=1)
     lr: float = Field(5e-5, gt=0)
     batch_size: int = Field(16, ge=1)
@@ -225,11 +233,21 @@ class DecodingConf(_Section):
     temperature: float = Field(1.0, gt=0)
     max_new_tokens: int = Field(32, ge=1)
     batch_size: int = Field(32, ge=1)
+    no_repeat_ngram_size: int = Field(0, ge=0, description="forbid repeating any n-gram of this size (0 = off)")
+    repetition_penalty: float = Field(1.0, gt=0, description="Hugging Face repetition penalty (1.0 = off)")
+    constraint: Literal["none", "source_words", "merge", "merge_skip"] = Field(
+        "none", description="none: free decoding; source_words: only the input's own tokens; merge: the factual "
+        "caption with every phrase token placed into it by the model; merge_skip: the same, phrase tokens optional")
 
 
 class FilterConf(_Section):
     ppl_max: float = Field(80.0, gt=0, description="keep a generated caption if its trigram perplexity < this")
     min_similarity: float = Field(0.6, ge=-1, le=1, description="keep if retrieval similarity > this")
+    min_content_similarity: float = Field(
+        0.6, ge=-1, le=1, description="content fidelity (beyond the paper): keep if the sentence encoder's cosine "
+        "between the generated and the factual caption is > this")
+    well_formed: bool = Field(True, description="well-formedness (beyond the paper): reject captions with a "
+                              "non-word (outside the corpora's vocabulary) or a repeated word trigram")
 
 
 class GenerateConf(_Section):

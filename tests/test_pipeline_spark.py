@@ -10,6 +10,7 @@ from jobs.generate import generate_augmented
 from jobs.pipeline import STAGES, run_pipeline
 from jobs.spark import get_spark
 from jobs.tables import table_name
+from models.text import caption_words
 
 pytestmark = pytest.mark.spark
 
@@ -42,8 +43,13 @@ def test_augmented_captions_keep_every_verdict(spark, pipeline):
         assert r.passed_perplexity == (r.perplexity is not None and not math.isnan(r.perplexity)
                                        and r.perplexity < f.ppl_max)
         assert r.passed_style == (r.predicted_style == r.style)
-        assert r.passed == (r.passed_style and r.passed_perplexity and r.passed_similarity)
+        assert r.passed_content == (r.content_similarity > f.min_content_similarity)
+        assert r.passed == (r.passed_style and r.passed_perplexity and r.passed_similarity and r.passed_content
+                            and r.passed_well_formed)
         assert (r.reject_reason is None) == r.passed
+        # the merge decoding keeps every word of the factual caption, in order
+        words = iter(r.generated_caption.split())
+        assert all(w in words for w in caption_words(r.factual_caption)), (r.factual_caption, r.generated_caption)
         assert r.generated_caption is not None and r.style in cfg.styles
         assert r.run_id == gen["run_id"] and r.generator_version == gen["generator_version"]
     # the retrieved hits honour the threshold, so no candidate fails on similarity
@@ -51,6 +57,7 @@ def test_augmented_captions_keep_every_verdict(spark, pipeline):
     metrics = mlflow.get_run(gen["run_id"]).data.metrics
     assert 0.0 <= metrics["pass_rate.all"] <= 1.0
     assert metrics["passed"] == sum(r.passed for r in rows)
+    assert metrics["leakage.augmented_non_train_phrase"] == 0 and metrics["leakage.training_set_non_train_images"] == 0
     artifacts = {a.path for a in mlflow.MlflowClient().list_artifacts(gen["run_id"])}
     assert {"fig4_samples.json", "pass_rates.json", "pass_rates.txt"} <= artifacts
 

@@ -1,22 +1,33 @@
 """Generation and its quality filters as iterator pandas UDFs (mapInPandas), models loaded once per executor.
 
 ``make_generator`` turns candidate rows (retrieved style phrase + factual caption) into generated captions;
-``make_candidate_scorer`` adds the classifier's verdict, the trigram perplexity under the target style's LM and the
-three filter verdicts (:func:`models.augment_filters.apply_filters`).
+``make_candidate_scorer`` adds, through the scoring module that evaluation uses too
+(:func:`models.caption_scoring.score_captions`), the target style's evaluation-classifier probability and the
+trigram perplexity under the target style's LM, then the content fidelity (sentence-encoder cosine between the
+generated and the factual caption), the well-formedness check, and every filter verdict
+(:func:`models.augment_filters.apply_filters`).
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Callable, Iterator
 
+import numpy as np
 import pandas as pd
 
-from udfs.runtime import (cached_model, cached_style_classifier, cached_style_lms, limit_threads,
-                          task_device)
+from udfs.runtime import cached_caption_scoring, cached_model, limit_threads, rebatch, task_device
+
+SCORED_COLUMNS = ["predicted_style", "style_probability", "perplexity", "content_similarity", "passed_style",
+                  "passed_perplexity", "passed_similarity", "passed_content", "passed_well_formed", "passed",
+                  "reject_reason"]
 
 
 def make_generator(model_path: str, kind: str, decoding: dict, device: str, max_source_len: int,
                    max_target_len: int) -> Callable[[Iterator[pd.DataFrame]], Iterator[pd.DataFrame]]:
-    """mapInPandas: frames with ``style_phrase`` and ``factual_caption`` -> the same plus ``generated_caption``."""
+    """mapInPandas: frames with ``style_phrase`` and ``factual_caption`` -> the same plus ``generated_caption``.
+
+    ``decoding`` holds :func:`models.generator.generate`'s options (strategy, beams, no-repeat n-grams,
+    repetition penalty, constraint, batch size, seed, ...)."""
 
     def generate_batches(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         from models.generator import generate, load_generator
@@ -26,7 +37,7 @@ def make_generator(model_path: str, kind: str, decoding: dict, device: str, max_
         gen = cached_model(("generator", model_path, dev),
                            lambda: load_generator(kind, model_path, device=dev, max_source_len=max_source_len,
                                                   max_target_len=max_target_len))
-        for frame in frames:
+        for frame in rebatch(frames, max(1, int(decoding.get("batch_size", 32))) * 4):
             if frame.empty:
                 continue
             out = frame.copy()
@@ -37,36 +48,63 @@ def make_generator(model_path: str, kind: str, decoding: dict, device: str, max_
     return generate_batches
 
 
-def score_candidates(frame: pd.DataFrame, clf, lms, ppl_max: float, min_similarity: float,
+def load_vocabulary(path: str | None) -> frozenset[str]:
+    """The known words (one per line) that the well-formedness check accepts; empty when ``path`` is None."""
+    if not path:
+        return frozenset()
+    return frozenset(w for w in Path(path).read_text(encoding="utf-8").split("\n") if w)
+
+
+def content_similarity(encoder, generated: list[str], factual: list[str], batch_size: int) -> np.ndarray:
+    """Cosine between each generated caption and its factual caption under the (L2-normalised) sentence encoder."""
+    a = encoder.encode_texts([g or "" for g in generated], batch_size=batch_size)
+    b = encoder.encode_texts(factual, batch_size=batch_size)
+    return (np.asarray(a, dtype=np.float64) * np.asarray(b, dtype=np.float64)).sum(axis=1)
+
+
+def score_candidates(frame: pd.DataFrame, classifiers, lms, encoder, vocabulary: frozenset[str], filters: dict,
                      batch_size: int) -> pd.DataFrame:
-    """Classifier verdict, perplexity and filter verdicts for generated captions (pure pandas + models)."""
+    """Scores and every filter verdict for generated captions (pure pandas + models).
+
+    ``filters``: ``ppl_max``, ``min_similarity``, ``min_content_similarity`` and ``well_formed`` (bool), as in
+    ``generate.filters``. A word of the generated caption is known if it is in ``vocabulary`` or in the candidate's
+    own factual caption or style phrase."""
     from models.augment_filters import apply_filters
+    from models.caption_quality import well_formedness
+    from models.caption_scoring import score_captions
+    from models.text import caption_words
 
     texts = frame["generated_caption"].fillna("").tolist()
-    proba = clf.predict_proba(texts, batch_size=batch_size)
     out = frame.copy()
-    out["predicted_style"] = [clf.labels[i] for i in proba.argmax(axis=1)]
-    out["style_probability"] = [float(proba[row, clf.label_index(style)]) for row, style in enumerate(frame["style"])]
-    known = frame["style"].isin(lms.styles)
-    ppl = pd.Series(float("nan"), index=frame.index)
-    if known.any():
-        ppl[known] = lms.perplexities([texts[i] for i in range(len(texts)) if known.iloc[i]],
-                                      frame.loc[known, "style"].tolist())
-    out["perplexity"] = ppl.to_numpy()
-    verdicts = apply_filters(out.rename(columns={"style": "target_style"}), ppl_max=ppl_max,
-                             min_similarity=min_similarity)
-    return verdicts.rename(columns={"target_style": "style"})
+    scores = score_captions(texts, frame["style"].tolist(), classifiers, lms, batch_size=batch_size)
+    for column in scores.columns:
+        out[column] = scores[column].to_numpy()
+    out["content_similarity"] = content_similarity(encoder, texts, frame["factual_caption"].tolist(), batch_size)
+    out["well_formed_reason"] = [
+        well_formedness(text, vocabulary, caption_words(fact) + caption_words(phrase))
+        for text, fact, phrase in zip(texts, frame["factual_caption"], frame["style_phrase"])]
+    verdicts = apply_filters(out.rename(columns={"style": "target_style"}), ppl_max=filters["ppl_max"],
+                             min_similarity=filters["min_similarity"],
+                             min_content_similarity=filters["min_content_similarity"],
+                             well_formed=bool(filters["well_formed"]))
+    return verdicts.rename(columns={"target_style": "style"}).drop(columns=["well_formed_reason"])
 
 
-def make_candidate_scorer(classifier_path: str, classifier_max_length: int, lm_path: str, ppl_max: float,
-                          min_similarity: float, batch_size: int,
+def make_candidate_scorer(classifiers_path: str, lm_path: str, vocabulary_path: str | None, encoder_name: str,
+                          filters: dict, batch_size: int,
                           device: str) -> Callable[[Iterator[pd.DataFrame]], Iterator[pd.DataFrame]]:
+    """mapInPandas: generated candidates -> the same plus :data:`SCORED_COLUMNS`."""
+
     def score_batches(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        from models.encoders import SentenceEncoder
+
         limit_threads()
-        clf = cached_style_classifier(classifier_path, task_device(device), classifier_max_length)
-        lms = cached_style_lms(lm_path)
+        dev = task_device(device)
+        classifiers, lms = cached_caption_scoring(classifiers_path, lm_path, dev)
+        encoder = cached_model(("sentence_encoder", encoder_name, dev), lambda: SentenceEncoder(encoder_name, dev))
+        vocabulary = cached_model(("vocabulary", vocabulary_path), lambda: load_vocabulary(vocabulary_path))
         for frame in frames:
             if not frame.empty:
-                yield score_candidates(frame, clf, lms, ppl_max, min_similarity, batch_size)
+                yield score_candidates(frame, classifiers, lms, encoder, vocabulary, filters, batch_size)
 
     return score_batches
