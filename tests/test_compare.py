@@ -19,7 +19,7 @@ def store(tmp_path_factory):
     base = [f"mlflow.tracking_uri=sqlite:///{root}/mlflow.db", f"mlflow.artifact_location={root}/artifacts",
             "mlflow.experiment=erg-compare", f"home={root}"]
     cfg_a = load_config("test", base)
-    cfg_b = load_config("test", base + ["generate.filters.ppl_max=60", "generate.decoding.num_beams=2"])
+    cfg_b = load_config("test", base + ["generate.filters.ppl_max=60", "generate.decoding.num_beams=3"])
     ids = {}
     with job_run(cfg_a, "generate", sections=("generate",), params={"incremental": False, "note": "[humor] a"}) as run:
         log_counts({"candidates": 40, "passed": 10, "pass_rate.all": 0.25, "pass_rate.humor": 0.5,
@@ -44,7 +44,7 @@ def test_last_runs_of_a_job_show_only_differing_params(store):
     assert list(result.params.columns) == [a, b]
     assert set(result.params.index) == {"generate.filters.ppl_max", "generate.decoding.num_beams", "note"}
     assert result.params.loc["generate.filters.ppl_max"].tolist() == ["80.0", "60.0"]
-    assert result.params.loc["generate.decoding.num_beams"].tolist() == ["4", "2"]
+    assert result.params.loc["generate.decoding.num_beams"].tolist() == ["2", "3"]
 
 
 def test_metrics_side_by_side_with_sections_and_deltas(store):
