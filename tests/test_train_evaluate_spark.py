@@ -73,13 +73,15 @@ def _plant_augmented(spark, cfg, stylized, factual) -> int:
     train = stylized[stylized["split"] == "train"].sort_values("scene_id")
     styles = [STYLES[i % len(STYLES)] for i in range(len(chosen))]
     captions = [train.loc[train["style"] == style, "caption"].iloc[i % 3] for i, style in enumerate(styles)]
+    # the phrase of an augmented pair comes from a train scene (training_set keeps out any other)
+    scenes = [train.loc[train["style"] == style, "scene_id"].iloc[i % 3] for i, style in enumerate(styles)]
     planted = chosen.assign(query_id=chosen["caption_id"], factual_caption=chosen["caption"], style=styles,
-                            generated_caption=captions)[["query_id", "image_id", "factual_caption", "style",
-                                                         "generated_caption"]]
-    planted.loc[len(planted)] = ["q-missing", "img:no-vector", "a dog on the grass", "humor", captions[0]]
+                            generated_caption=captions, scene_id=scenes)[["query_id", "image_id", "factual_caption",
+                                                                          "style", "generated_caption", "scene_id"]]
+    planted.loc[len(planted)] = ["q-missing", "img:no-vector", "a dog on the grass", "humor", captions[0], scenes[0]]
     now = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
     _append(spark, cfg, "augmented_captions", planted.assign(
-        scene_id="scene-" + planted["query_id"], retrieval_type="t2t", style_phrase="planted", similarity=0.9,
+        retrieval_type="t2t", style_phrase="planted", similarity=0.9,
         passed_style=True, passed_perplexity=True, passed_similarity=True, passed=True,
         generator_version="planted", run_id="planted", created_at=now))
     return len(chosen)
