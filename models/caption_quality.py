@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
-from models.text import caption_words
+from models.text import caption_words, is_punctuation
 
 #: Function words that carry no content (articles, pronouns, auxiliaries, prepositions, conjunctions).
 STOPWORDS = frozenset("""
@@ -24,11 +24,6 @@ is are was were be been being am has have had do does did will would can could s
 of in on at by for with from to into onto over under up down out off about above below near through while as
 and or but so than then too very not no nor just also some any each both all most more other such own same
 """.split())
-
-
-def is_punctuation(word: str) -> bool:
-    """True for a token without any letter or digit."""
-    return not any(char.isalnum() for char in word)
 
 
 def content_words(text: str) -> list[str]:

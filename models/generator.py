@@ -551,12 +551,11 @@ def generate(
             input_ids = _pad(chunk, gen.tokenizer.pad_token_id, left=left).to(gen.device)
             attention_mask = _mask(chunk, left=left).to(gen.device)
             processors = LogitsProcessorList()
+            offset = input_ids.shape[1] if left else 1  # where generated tokens start in what generate() passes
             if constraint == "source_words":
-                offset = input_ids.shape[1] if left else 1
                 processors.append(SourceWordsConstraint(_bags(gen, chunk).to(gen.device), offset, beams,
                                                         [gen.eos_token_id]))
             elif constraint in ("merge", "merge_skip"):
-                offset = input_ids.shape[1] if left else 1
                 phrases = _word_ids(gen, style_phrases[start : start + batch_size])
                 contents = _word_ids(gen, factual_captions[start : start + batch_size])
                 processors.append(MergeConstraint(contents, phrases, offset, beams, gen.eos_token_id,

@@ -32,12 +32,7 @@ from typing import Sequence
 import numpy as np
 
 from models.style_phrases import phrase_size, top_k_masks
-from models.text import caption_words
-
-
-def is_punctuation(word: str) -> bool:
-    """True for a token without any letter or digit (",", "!", "...")."""
-    return not any(char.isalnum() for char in word)
+from models.text import caption_words, is_punctuation
 
 
 def gold_added_mask(tokens: Sequence[str], factual_captions: Sequence[str]) -> list[bool]:

@@ -26,3 +26,8 @@ def caption_words(text: str) -> list[str]:
     """The words of a caption, as scored by the extractor and fed to the generator."""
     norm = normalize_caption(text)
     return norm.split(" ") if norm else []
+
+
+def is_punctuation(word: str) -> bool:
+    """True for a token without any letter or digit (",", "!", "...")."""
+    return not any(char.isalnum() for char in word)
