@@ -20,6 +20,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from jobs.config import ErgConfig
+from jobs.extract import EVALUATION_CLASSIFIERS
 from jobs.leakage import leakage_counts
 from jobs.model_store import get_current, log_transformers_model, model_dir, require_current, set_current
 from jobs.tables import TABLES, merge_rows, read_table
@@ -28,7 +29,6 @@ from udfs.generation import SCORED_COLUMNS, make_candidate_scorer, make_generato
 
 CANDIDATE_COLUMNS = ["query_id", "image_id", "image_uri", "factual_caption", "scene_id", "retrieval_type", "style",
                      "style_phrase", "similarity"]
-EVALUATION_CLASSIFIERS = "evaluation_classifiers"
 
 
 def _ddl(columns: list[str]) -> T.StructType:
@@ -196,11 +196,10 @@ def content_encoder_name(cfg: ErgConfig) -> str:
     return enc.name_or_path if enc.kind == "sentence" else "all-MiniLM-L6-v2"
 
 
-def apply_generator(spark: SparkSession, cfg: ErgConfig, cand: DataFrame, current: dict,
+def apply_generator(spark: SparkSession, cfg: ErgConfig, cand: DataFrame, n_cand: int, current: dict,
                     classifiers: dict) -> DataFrame:
     """Candidates -> generated and scored rows (lazy): two iterator pandas UDFs, models loaded once per executor."""
     gc = cfg.generate
-    n_cand = cand.count()
     partitions = max(1, min(spark.sparkContext.defaultParallelism * 2, n_cand // 64 + 1))
     generated = cand.repartition(partitions, "query_id").mapInPandas(
         make_generator(current["path"], current["kind"], decoding_options(cfg), gc.device, current["max_source_len"],
@@ -273,7 +272,7 @@ def generate_augmented(spark: SparkSession, cfg: ErgConfig, *, incremental: bool
         n_cand = cand.count()
         counts["candidates"] = n_cand
         if n_cand:
-            scored = apply_generator(spark, cfg, cand, current, classifiers)
+            scored = apply_generator(spark, cfg, cand, n_cand, current, classifiers)
             rows = (scored.withColumn("generator_version", F.lit(current["version"]))
                     .withColumn("run_id", F.lit(run_id)).withColumn("created_at", F.current_timestamp()))
             stats = merge_rows(spark, cfg, "augmented_captions", rows)
