@@ -1,4 +1,5 @@
-"""Caption metrics of the paper's Table 2: BLEU-1, BLEU-3, METEOR and CIDEr through pycocoevalcap 1.2.
+"""Caption metrics of the paper's Table 2: BLEU-1, BLEU-3, METEOR and CIDEr through pycocoevalcap 1.2 (BLEU-2 and
+BLEU-4 on request, as the COCO caption benchmark reports them).
 
 Both sides go through the COCO evaluation's PTBTokenizer (Stanford CoreNLP, Java) first, as the COCO caption
 server does; METEOR 1.5 runs as a Java subprocess, which :func:`corpus_scores` and :class:`CaptionScorer` always
@@ -16,6 +17,9 @@ from pycocoevalcap.meteor.meteor import Meteor
 from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
 
 CAPTION_METRICS = ("BLEU-1", "BLEU-3", "METEOR", "CIDEr")
+#: every metric a :class:`CaptionScorer` can compute (the default is :data:`CAPTION_METRICS`)
+ALL_METRICS = ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR", "CIDEr")
+BLEU_METRICS = ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4")
 
 
 def _one_line(text: str) -> str:
@@ -49,9 +53,9 @@ class CaptionScorer:
     """
 
     def __init__(self, metrics: Sequence[str] = CAPTION_METRICS) -> None:
-        unknown = [m for m in metrics if m not in CAPTION_METRICS]
+        unknown = [m for m in metrics if m not in ALL_METRICS]
         if unknown or not metrics:
-            raise ValueError(f"metrics must be a non-empty subset of {list(CAPTION_METRICS)}, got {list(metrics)}")
+            raise ValueError(f"metrics must be a non-empty subset of {list(ALL_METRICS)}, got {list(metrics)}")
         self.metrics = tuple(metrics)
         self._meteor: Meteor | None = None
 
@@ -86,7 +90,7 @@ class CaptionScorer:
               hypotheses: Mapping[Hashable, str]) -> dict[str, float]:
         """Corpus-level scores of ``hypotheses`` ({id: caption}) against ``references`` ({id: [captions]}).
 
-        Returns the scorer's metrics (``BLEU-1``, ``BLEU-3``, ``METEOR`` in [0, 1], ``CIDEr`` from 0 to 10). An
+        Returns the scorer's metrics (``BLEU-n``, ``METEOR`` in [0, 1], ``CIDEr`` from 0 to 10). An
         empty hypothesis string is a valid (zero-scoring) caption; an empty mapping, different ids or an id
         without a non-empty reference is a ValueError. Empty reference strings beside real ones are dropped.
         """
@@ -103,9 +107,9 @@ class CaptionScorer:
         if any(len(res[i]) != 1 or len(gts[i]) != len(refs) for i, refs in enumerate(kept_refs)):
             raise RuntimeError("PTBTokenizer returned a different number of captions than it was given")
         scores: dict[str, float] = {}
-        if "BLEU-1" in self.metrics or "BLEU-3" in self.metrics:
+        if any(m in self.metrics for m in BLEU_METRICS):
             bleu, _ = Bleu(4).compute_score(gts, res, verbose=0)
-            scores.update({"BLEU-1": float(bleu[0]), "BLEU-3": float(bleu[2])})
+            scores.update({name: float(value) for name, value in zip(BLEU_METRICS, bleu)})
         if "METEOR" in self.metrics:
             scores["METEOR"] = self._meteor_score(gts, res)
         if "CIDEr" in self.metrics:

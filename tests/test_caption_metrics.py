@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from models.caption_metrics import CAPTION_METRICS, CaptionScorer, corpus_scores
+from models.caption_metrics import ALL_METRICS, CAPTION_METRICS, CaptionScorer, corpus_scores
 from models.paper_table import TABLE2_METRICS, build_table2, render_html, render_markdown
 
 BLEU = ("BLEU-1", "BLEU-3")
@@ -74,6 +74,15 @@ def test_corpus_bleu_equals_an_independent_formula() -> None:
     assert scores["BLEU-1"] == pytest.approx(independent_bleu(CORPUS_REFS, CORPUS_HYPS, 1), rel=1e-6)
     assert scores["BLEU-3"] == pytest.approx(independent_bleu(CORPUS_REFS, CORPUS_HYPS, 3), rel=1e-6)
     assert 0.5 < scores["BLEU-3"] < scores["BLEU-1"] < 0.99
+
+
+def test_bleu_2_and_4_on_request_equal_the_independent_formula() -> None:
+    scores = corpus_scores(CORPUS_REFS, CORPUS_HYPS, metrics=("BLEU-4", "BLEU-2"))
+    assert list(scores) == ["BLEU-4", "BLEU-2"]
+    for n in (2, 4):
+        assert scores[f"BLEU-{n}"] == pytest.approx(independent_bleu(CORPUS_REFS, CORPUS_HYPS, n), rel=1e-6)
+    assert 0.3 < scores["BLEU-4"] < scores["BLEU-2"] < 0.99
+    assert set(ALL_METRICS) > set(CAPTION_METRICS)
 
 
 def test_perfect_matches_score_bleu_one_and_meteor_closes_its_java_process() -> None:
