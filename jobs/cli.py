@@ -6,6 +6,10 @@ Examples::
     erg ingest                       # ingest conf's sources (the sample when none are listed)
     erg run                          # the whole pipeline on the embedded local default
     erg sql "SELECT style, count(*) FROM erg.stylized_captions GROUP BY style"
+
+A user error (a bad conf, a bad input file, a missing table, a step run before the one it needs; see
+:mod:`jobs.errors`) is printed as one or two lines, the problem and the fix, with exit status 2; ``--debug`` (or
+``ERG_DEBUG=1``) shows its traceback instead. Any other failure is a bug and shows its traceback (exit status 1).
 """
 from __future__ import annotations
 
@@ -15,7 +19,8 @@ import os
 import sys
 import time
 
-from jobs.config import ConfigError, load_config
+from jobs.config import load_config
+from jobs.errors import as_user_error
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -39,10 +44,13 @@ def cmd_sample(cfg, args) -> dict:
 
 
 def cmd_ingest(cfg, args) -> dict:
-    from jobs.ingest import ingest
+    from jobs.ingest import ingest, summary_lines
     from jobs.spark import get_spark
 
-    return ingest(get_spark(cfg), cfg)
+    counts = ingest(get_spark(cfg), cfg)
+    print("\n".join(["every record read is kept, quarantined or a duplicate:", *summary_lines(counts["sources"])]),
+          file=sys.stderr)
+    return counts
 
 
 def cmd_extract(cfg, args) -> dict:
@@ -141,6 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="conf name (local, databricks, test) or a .yaml path")
         p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                        help="override a conf key, e.g. --set extract.eps=0.3 (repeatable)")
+        p.add_argument("--debug", action="store_true", default=os.environ.get("ERG_DEBUG", "") not in ("", "0"),
+                       help="show the traceback of a user error (bad conf or input, missing table or step)")
         if name == "sql":
             p.add_argument("query")
             p.add_argument("--limit", type=int, default=50)
@@ -157,15 +167,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    started = time.time()
     try:
         cfg = load_config(args.conf, args.overrides)
-    except ConfigError as exc:
-        print(f"erg: {exc}", file=sys.stderr)
+        handler, _ = COMMANDS[args.command]
+        result = handler(cfg, args)
+    except Exception as exc:
+        error = as_user_error(exc)
+        if error is None or args.debug:
+            raise
+        lines = error.lines()
+        print(f"erg {args.command}: {lines[0]}", file=sys.stderr)
+        for line in lines[1:]:
+            print(f"  {line}", file=sys.stderr)
         # raised, not returned: Databricks calls the entry point directly and must see the task fail
         raise SystemExit(2) from None
-    handler, _ = COMMANDS[args.command]
-    started = time.time()
-    result = handler(cfg, args)
     if result is not None:
         _print(result)
     print(f"erg {args.command}: done in {time.time() - started:.1f}s", file=sys.stderr)

@@ -68,10 +68,28 @@ class IngestSource(_Section):
     path: str = Field(..., description="file (or folder for coco_karpathy_refs) to read")
     name: Optional[str] = Field(None, description="source name written on the rows; defaults to the format's")
     style: Optional[str] = Field(None, description="flickrstyle only: the style of every line (humor/romantic)")
-    image_names: Optional[str] = Field(None, description="flickrstyle only: image names file (.txt or .p)")
+    image_names: Optional[str | list[str]] = Field(
+        None, description="flickrstyle only: image names file (.txt or .p); a list of such files must agree line "
+        "by line (the pickled and the text list of the same images)")
     encoding: str = Field("utf-8", description="text encoding; a line that fails to decode goes to quarantine")
-    split: Optional[str] = Field(None, description="split for rows whose format carries none")
+    split: Optional[Literal["train", "val", "test"]] = Field(None, description="split for rows whose format carries "
+                                                              "none")
     image_root: Optional[str] = Field(None, description="prefix for image uris (folder or cloud path)")
+    on_misaligned: Literal["error", "quarantine"] = Field(
+        "error", description="files paired line by line (flickrstyle captions and image names; Karpathy references, "
+        "tags and image_ID.txt) with different line counts: error (names both files and counts) or quarantine the "
+        "unpaired lines")
+
+    @field_validator("encoding")
+    @classmethod
+    def _known_encoding(cls, value: str) -> str:
+        import codecs
+
+        try:
+            codecs.lookup(value)
+        except LookupError:
+            raise ValueError(f"unknown text encoding {value!r}: use one Python knows, e.g. utf-8 or latin-1") from None
+        return value
 
     @model_validator(mode="after")
     def _flickrstyle_needs(self) -> "IngestSource":

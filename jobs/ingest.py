@@ -6,10 +6,15 @@ rows into DataFrames, stamps the MLflow run id and ingest time, and MERGEs on th
 the same files adds nothing. An image already in ``stylized_captions`` keeps its split when new captions of it
 land, and its new factual captions are descriptions, not P.
 
-Logged: per table ``read`` / ``kept`` / ``inserted``; ``stylized_captions.duplicates``,
+Every record accounted for: per source, ``read`` (records its reader counted) = ``kept`` (rows, scene descriptions
+included) + ``quarantined`` + ``duplicates`` (by natural key); logged as ``source.<source>.{read,kept,quarantined,
+duplicates}`` and in total as ``rows.*``, in ``ingest_sources.json``, and printed by ``erg ingest``
+(:func:`summary_lines`); the natural keys of a sample of the duplicates, with file and line, in ``duplicates.json``.
+A record that is in none of the three fails the ingest (``rows.unaccounted`` must be 0).
+
+Also logged: per table ``read`` / ``kept`` / ``inserted``; ``stylized_captions.duplicates``,
 ``factual_captions.duplicates``, ``factual_captions.excluded_stylized_image`` (= ``images.descriptions``), stylized
-rows and images per split; per source the same in ``ingest_sources.json`` (read = kept + duplicates +
-descriptions + quarantined), examples of duplicates in ``duplicates.json``.
+rows and images per split; quarantine reasons in ``quarantine_reasons.json``.
 """
 from __future__ import annotations
 
@@ -19,7 +24,7 @@ import pandas as pd
 from pyspark.sql import SparkSession
 
 from jobs.config import ErgConfig, IngestSource
-from jobs.readers import ReadResult, Reader, origin_counts, prepare, stable_id, tag_rows
+from jobs.readers import ReadResult, Reader, duplicate_examples, origin_counts, prepare, stable_id, tag_rows
 from jobs.sample import sample_exists, sample_sources, write_sample
 from jobs.tables import TABLES, merge_rows, table_name
 from jobs.tracking import job_run, log_counts
@@ -30,7 +35,7 @@ TIME_COLUMN = {"quarantine": "quarantined_at"}
 def read_sources(cfg: ErgConfig, sources: list[IngestSource],
                  known_stylized_images: set[str] | frozenset[str] = frozenset()) -> tuple[ReadResult, dict[str, dict]]:
     """Read every source and apply the protocol (:func:`jobs.readers.prepare`); returns the rows and per-source
-    counts (``read`` = stylized + factual + descriptions + duplicates + quarantine)."""
+    counts (:func:`jobs.readers.origin_counts`: read = kept + quarantined + duplicates)."""
     reader = Reader(cfg.styles, cfg.factual_label)
     total = ReadResult()
     for source in sources:
@@ -94,6 +99,10 @@ def ingest(spark: SparkSession, cfg: ErgConfig, sources: list[IngestSource] | No
     with job_run(cfg, "ingest", params=params) as run:
         existing = _existing_stylized(spark, cfg)
         result, per_source = read_sources(cfg, sources, known_stylized_images=set(existing))
+        lost = {name: c["unaccounted"] for name, c in per_source.items() if c["unaccounted"]}
+        if lost:  # before anything is written
+            raise RuntimeError(f"ingest lost track of records (read - kept - quarantined - duplicates per source: "
+                               f"{lost}); this is a bug in jobs.readers")
         now = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
         frames = {table: assign_splits(frame, cfg.ingest.split_fractions) for table, frame in result.frames().items()}
         stylized = frames["stylized_captions"]
@@ -128,16 +137,32 @@ def ingest(spark: SparkSession, cfg: ErgConfig, sources: list[IngestSource] | No
         counts["images.descriptions"] = len(result.descriptions)
         counts["images.with_descriptions"] = len({d["image_id"] for d in result.descriptions})
         counts["quarantine.read"] = counts["quarantine.kept"]
-        counts["rows.read"] = sum(c["read"] for c in per_source.values())
+        for part in ACCOUNTING:
+            counts[f"rows.{part}"] = sum(c[part] for c in per_source.values())
         for name, c in per_source.items():
-            counts.update({f"source.{name}.{k}": v for k, v in c.items() if v})
+            counts.update({f"source.{name}.{k}": v for k, v in c.items() if v or k in ACCOUNTING})
         log_counts(counts)
         import mlflow
 
         mlflow.log_dict(per_source, "ingest_sources.json")
         reasons = pd.Series([q["reason"] for q in result.quarantine], dtype=object).value_counts().to_dict()
         mlflow.log_dict({str(k): int(v) for k, v in reasons.items()}, "quarantine_reasons.json")
-        mlflow.log_dict({"examples": [{k: v for k, v in d.items() if not k.startswith("_")}
-                                      for d in result.duplicates[:50]]}, "duplicates.json")
+        mlflow.log_dict(duplicate_examples(result), "duplicates.json")
+        mlflow.log_text("\n".join(summary_lines(per_source)) + "\n", "ingest_summary.txt")
         counts["run_id"] = run.info.run_id
+        counts["sources"] = per_source
         return counts
+
+
+#: the parts of every source's accounting: read = kept + quarantined + duplicates
+ACCOUNTING = ("read", "kept", "quarantined", "duplicates", "unaccounted")
+
+
+def summary_lines(per_source: dict[str, dict[str, int]]) -> list[str]:
+    """A table of every source's read = kept + quarantined + duplicates (what ``erg ingest`` prints)."""
+    rows = [(name, *(c[k] for k in ACCOUNTING[:4])) for name, c in sorted(per_source.items())]
+    rows.append(("total", *(sum(r[i] for r in rows) for i in range(1, 5))))
+    width = max(len("source"), *(len(r[0]) for r in rows))
+    lines = [f"{'source':<{width}}  {'read':>8} = {'kept':>8} + {'quarantined':>11} + {'duplicates':>10}"]
+    lines += [f"{n:<{width}}  {r:>8,} = {k:>8,} + {q:>11,} + {d:>10,}" for n, r, k, q, d in rows]
+    return lines

@@ -82,6 +82,7 @@ def write_sample(cfg: ErgConfig) -> dict:
     sc = cfg.sample
     rng = random.Random(sc.seed)
     root = Path(sc.dir)
+    (root / COMPLETE).unlink(missing_ok=True)
     for sub in ("senticap", "flickrstyle10k", "coco", "images"):
         (root / sub).mkdir(parents=True, exist_ok=True)
     n_flickr = sc.n_images // 2
@@ -113,7 +114,7 @@ def write_sample(cfg: ErgConfig) -> dict:
     names = [im["name"] for im in styled]
     if sc.bad_rows:
         humor[1] = "   "                       # empty caption
-        humor.append("a dog with no image in its list .")  # one line more than image names: missing image id
+        humor.append("a dog with no image in its list .")  # one line more than image names: unpaired (quarantined)
     (root / "flickrstyle10k" / "image_names_humor.txt").write_text("\n".join(names) + "\n")
     (root / "flickrstyle10k" / "image_names_romantic.txt").write_text("\n".join(names) + "\n")
     humor_bytes = [line.encode("utf-8") for line in humor]
@@ -165,6 +166,7 @@ def write_sample(cfg: ErgConfig) -> dict:
     coco = {"images": [{"id": int(im["image_id"].split(":")[1]), "file_name": im["name"]} for im in coco_imgs],
             "annotations": annotations}
     (root / "coco" / "captions_sample.json").write_text(json.dumps(coco))
+    (root / COMPLETE).write_text(f"seed {sc.seed}\n")
     return {"images": len(images), "stylized": len(humor) + len(romantic) + 2 * len(senti_images),
             "factual": len(token_lines) + len(annotations), "dir": str(root)}
 
@@ -177,8 +179,10 @@ def sample_sources(cfg: ErgConfig) -> list[IngestSource]:
     return [
         IngestSource(format="senticap_json", path=str(root / "senticap" / "senticap.json"), name="sample_senticap",
                      image_root=images),
+        # the humor file has one planted line more than its image names: quarantined as unpaired, not an error
         IngestSource(format="flickrstyle", style="humor", path=str(fs / "funny_train.txt"),
-                     image_names=str(fs / "image_names_humor.txt"), name="sample_flickrstyle", image_root=images),
+                     image_names=str(fs / "image_names_humor.txt"), name="sample_flickrstyle", image_root=images,
+                     on_misaligned="quarantine"),
         IngestSource(format="flickrstyle", style="romantic", path=str(fs / "romantic_train.txt"),
                      encoding="latin-1", image_names=str(fs / "image_names_romantic.txt"), name="sample_flickrstyle",
                      image_root=images),
@@ -190,5 +194,9 @@ def sample_sources(cfg: ErgConfig) -> list[IngestSource]:
     ]
 
 
+#: written last by :func:`write_sample`: a sample without it was cut short (e.g. a killed run) and is written again
+COMPLETE = "_SAMPLE_COMPLETE"
+
+
 def sample_exists(cfg: ErgConfig) -> bool:
-    return (Path(cfg.sample.dir) / "images.jsonl").exists()
+    return (Path(cfg.sample.dir) / COMPLETE).exists()

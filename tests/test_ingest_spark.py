@@ -51,10 +51,14 @@ def test_ingest_sample_quarantine_and_idempotent(spark, fresh_cfg):
     from jobs.tables import scene_descriptions
     assert scene_descriptions(spark, cfg).count() == n_desc
     assert n_quar == sum(PLANTED_BAD_ROWS.values())
-    # every row read is counted: kept, duplicate, scene description or quarantined
+    # every record read is accounted for, per source: read = kept + quarantined + duplicates
+    assert counts["rows.read"] == counts["rows.kept"] + counts["rows.quarantined"] + counts["rows.duplicates"]
+    assert counts["rows.unaccounted"] == 0 and counts["rows.quarantined"] == n_quar
     assert counts["rows.read"] == (counts["stylized_captions.read"] + counts["factual_captions.read"]
-                                   + counts["quarantine.read"])
+                                   + counts["quarantine.read"] + sample.n_images)  # + the image manifest's lines
     assert counts["stylized_captions.read"] == n_styl + counts["stylized_captions.duplicates"]
+    for name, c in counts["sources"].items():
+        assert c["read"] == c["kept"] + c["quarantined"] + c["duplicates"], name
     # splits by image: one split per image, the paper's recipe scaled to the sample
     per_image = spark.sql(f"SELECT image_id, count(DISTINCT split) AS n FROM {table_name(cfg, 'stylized_captions')} "
                           "GROUP BY image_id").collect()
@@ -63,7 +67,8 @@ def test_ingest_sample_quarantine_and_idempotent(spark, fresh_cfg):
     assert spark.table(table_name(cfg, "images")).count() == sample.n_images
     assert spark.table(table_name(cfg, "images")).filter("tags IS NULL").count() == 0
     reasons = {r.reason.split(" (")[0] for r in spark.table(table_name(cfg, "quarantine")).collect()}
-    assert reasons == {"empty caption", "missing image id", "bad encoding", "malformed line", "unknown style 2"}
+    assert reasons == {"empty caption", "missing image id", "bad encoding", "malformed line", "unknown style 2",
+                       "unpaired line"}
     # every row carries the MLflow run id of the ingest run, which logged its counts
     run_ids = {r.run_id for r in spark.table(table_name(cfg, "stylized_captions")).select("run_id").distinct().collect()}
     assert run_ids == {counts["run_id"]}
@@ -71,6 +76,12 @@ def test_ingest_sample_quarantine_and_idempotent(spark, fresh_cfg):
     assert run.data.metrics["stylized_captions.inserted"] == n_styl
     assert run.data.metrics["quarantine.inserted"] == n_quar
     assert run.data.tags["erg.job"] == "ingest"
+    # the ingest run shows read = kept + quarantined + duplicates per source, and the duplicates' keys
+    humor = "source.sample_flickrstyle:funny_train.txt"
+    assert [run.data.metrics[f"{humor}.{k}"] for k in ("read", "kept", "quarantined", "duplicates")] == [
+        sample.stylized_per_style + 1, sample.stylized_per_style - 2, 3, 0]
+    artifacts = {a.path for a in mlflow.MlflowClient().list_artifacts(counts["run_id"])}
+    assert {"ingest_sources.json", "duplicates.json", "ingest_summary.txt"} <= artifacts
 
     again = ingest(spark, cfg)
     assert again["stylized_captions.inserted"] == 0 and again["factual_captions.inserted"] == 0

@@ -113,8 +113,9 @@ def test_factual_corpus_excludes_stylized_images_and_duplicates_are_counted(corp
     senti = per_source["senticap_json:senticap.json"]
     assert senti["stylized_duplicates"] == 1 and senti["stylized"] == 60 and senti["read"] == 61
     for counts in per_source.values():
-        assert counts["read"] == sum(counts[k] for k in ("stylized", "factual", "descriptions", "duplicates",
-                                                         "quarantine"))
+        assert counts["read"] == counts["kept"] + counts["quarantined"] + counts["duplicates"]
+        assert counts["kept"] == counts["stylized"] + counts["factual"] + counts["descriptions"]
+        assert counts["unaccounted"] == 0
     assert per_source["flickr30k_tokens:results.token"]["descriptions"] == 140
     assert per_source["coco_captions:coco.json"]["descriptions"] == 10
 

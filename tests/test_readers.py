@@ -6,6 +6,7 @@ import pickle
 
 import pytest
 
+from jobs.errors import InputFileError
 from jobs.readers import Reader, image_id_from_name, scene_id
 from tests.conftest import shared_data
 
@@ -60,11 +61,20 @@ def test_flickrstyle_lines_encoding_and_names(tmp_path, reader):
         pickle.dump(["1_aa.jpg", "2_bb.jpg", "3_cc.jpg"], fh, protocol=0)
     text = tmp_path / "funny_train.txt"
     text.write_bytes(b"a dog chasing a bone .\r\na caf\xe9 cat .\r\n  \r\na fourth line without image .\r\n")
-    res = reader.read("flickrstyle", text, style="humor", image_names=str(names), split="train")
+    # 4 caption lines for 3 image names: an error naming both files and both counts...
+    with pytest.raises(InputFileError, match=r"funny_train.txt has 4 lines but .*names.p has 3") as info:
+        reader.read("flickrstyle", text, style="humor", image_names=str(names), split="train")
+    assert "on_misaligned: quarantine" in info.value.fix
+    # ... unless the source quarantines the unpaired lines
+    res = reader.read("flickrstyle", text, style="humor", image_names=str(names), split="train",
+                      on_misaligned="quarantine")
     assert [(r["image_id"], r["caption"]) for r in res.stylized] == [("flickr30k:1", "a dog chasing a bone .")]
     reasons = sorted(q["reason"].split(" (")[0] for q in res.quarantine)
-    assert reasons == ["bad encoding", "empty caption", "missing image id"]
-    latin = reader.read("flickrstyle", text, style="humor", image_names=str(names), encoding="latin-1")
+    assert reasons == ["bad encoding", "empty caption", "unpaired line"]
+    assert "funny_train.txt has 4 lines, names.p has 3" in res.quarantine[-1]["reason"]
+    assert res.read == 4 == len(res.stylized) + len(res.quarantine)
+    latin = reader.read("flickrstyle", text, style="humor", image_names=str(names), encoding="latin-1",
+                        on_misaligned="quarantine")
     assert [r["caption"] for r in latin.stylized] == ["a dog chasing a bone .", "a café cat ."]
 
 

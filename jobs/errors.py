@@ -1,0 +1,69 @@
+"""User errors: problems the person running ``erg`` can fix, as opposed to bugs.
+
+A user error is a bad conf, a bad input file, a missing table or a step run before the one it needs. The CLI prints
+it as one or two lines, the problem and then the fix, and exits with status 2; ``--debug`` shows the traceback
+instead. Anything else is a bug and keeps its traceback (exit status 1).
+
+Raise :class:`InputFileError` (a file named in the conf cannot be read as its format says) or
+:class:`MissingStepError` (a job needs what an earlier job writes); :func:`as_user_error` also recognises the
+errors of the layers below (a :class:`jobs.config.ConfigError`, Spark's "table or view not found" and SQL syntax
+errors, and messages that follow the convention "...: run `erg <job>` first").
+"""
+from __future__ import annotations
+
+import re
+
+
+class UserError(Exception):
+    """A problem the user can fix: ``problem`` says what is wrong, ``fix`` what to do about it."""
+
+    def __init__(self, problem: str, fix: str | None = None) -> None:
+        self.problem = problem.strip()
+        self.fix = fix.strip() if fix else None
+        super().__init__(self.problem if not self.fix else f"{self.problem}; {self.fix}")
+
+    def lines(self) -> list[str]:
+        """The one or two lines the CLI prints."""
+        return [self.problem] + ([f"fix: {self.fix}"] if self.fix else [])
+
+
+class InputFileError(UserError, ValueError):
+    """An input file cannot be read as its format says; the message names the file and what is wrong with it."""
+
+
+class MissingStepError(UserError, RuntimeError):
+    """A job needs what an earlier job writes (a table's rows, a trained model): run that job first."""
+
+
+_RUN_FIRST = re.compile(r"run `(erg [a-z]+[^`]*)` (?:first|with)")
+
+
+def as_user_error(exc: BaseException) -> UserError | None:
+    """``exc`` as a :class:`UserError` when it is one the user can fix, else None (a bug: keep the traceback)."""
+    from jobs.config import ConfigError
+
+    if isinstance(exc, UserError):
+        return exc
+    if isinstance(exc, ConfigError):
+        problem, _, detail = str(exc).partition("\n")
+        if not detail:  # the message says what to do (choose a conf, set a variable, fix the YAML)
+            return UserError(problem)
+        detail = "; ".join(line.strip() for line in detail.splitlines())
+        return UserError(f"{problem}: {detail}", "fix the key(s) named above in the conf file or the --set override")
+    name = type(exc).__name__
+    message = str(exc)
+    if name in ("AnalysisException", "ParseException") or "TABLE_OR_VIEW_NOT_FOUND" in message:
+        first = message.strip().splitlines()[0] if message.strip() else name
+        first = re.sub(r"\s*SQLSTATE: \w+\.?", "", first)
+        if "TABLE_OR_VIEW_NOT_FOUND" in message or "cannot be found" in message:
+            return UserError(first, "check the name (`erg sql \"SHOW TABLES IN erg\"` lists the tables) or run the "
+                             "job that writes it (`erg run` writes them all)")
+        if name == "ParseException":
+            return UserError(f"SQL syntax error: {first}", "fix the query")
+        return None
+    if isinstance(exc, (RuntimeError, ValueError)) and (m := _RUN_FIRST.search(message)):
+        return MissingStepError(message.split("\n")[0], f"run `{m.group(1)}` first")
+    if isinstance(exc, FileNotFoundError) and exc.filename:
+        return InputFileError(f"{exc.filename}: no such file or folder",
+                              "fix the path in the conf (ingest.sources) or create the file")
+    return None
