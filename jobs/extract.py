@@ -58,7 +58,9 @@ def read_stylized(spark: SparkSession, cfg: ErgConfig) -> pd.DataFrame:
              .select("scene_id", "image_id", "caption", "style", "split").toPandas())
     if frame.empty:
         raise RuntimeError("stylized_captions is empty: run `erg ingest` first")
-    return frame
+    # a fixed row order (not the Delta files' order): seeded sampling and shuffling then give the same classifiers
+    # in every process, e.g. in a rerun after a crash
+    return frame.sort_values("scene_id", kind="stable").reset_index(drop=True)
 
 
 def _balanced_cap(frame: pd.DataFrame, cap: Optional[int], seed: int) -> pd.DataFrame:
@@ -102,7 +104,7 @@ def read_factual_for_classifiers(spark: SparkSession, cfg: ErgConfig) -> pd.Data
     frame = parts[0]
     for part in parts[1:]:
         frame = frame.unionByName(part)
-    return frame.toPandas()
+    return frame.toPandas().sort_values(["image_id", "caption"], kind="stable").reset_index(drop=True)
 
 
 # ------------------------------------------------------------------------------------------------------- fit
@@ -119,6 +121,9 @@ def fit_set_classifier(cfg: ErgConfig, style_set: str, data: dict[str, pd.DataFr
     missing = sorted(set(styles) - set(train["label"]))
     if missing:
         raise RuntimeError(f"style set {style_set!r}: no train-split captions of {missing}")
+    import torch
+
+    torch.manual_seed(c.seed)  # the new head's initial weights: the same classifier in every process (and rerun)
     clf = load_style_classifier(c.name_or_path, styles, device=cfg.extract.device, max_length=c.max_length,
                                 with_factual=False)
     steps = c.epochs * -(-len(train) // c.batch_size)

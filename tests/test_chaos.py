@@ -1,0 +1,85 @@
+"""benchmarks/chaos.py without Spark: the table comparison finds what a kill could break, the kill plan covers
+every stage, and a process group is really killed. (The two-kill run is tests/test_pipeline_spark.py.)"""
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pandas as pd
+
+from benchmarks.chaos import banners, compare_table, kill_plan, run_and_kill
+from jobs.pipeline import STAGES
+
+
+def _phrases(**changes) -> pd.DataFrame:
+    rows = [{"scene_id": f"s{i}", "style": "humor", "caption": f"a dog {i}", "tokens": np.array(["a", "dog"]),
+             "importance": np.array([0.25, 0.75]), "style_phrase": "dog", "content": "a", "layer": 1, "head": 2,
+             "eps": 0.25, "classifier_version": "run-a", "run_id": "run-a", "created_at": pd.Timestamp("2026-01-01")}
+            for i in range(3)]
+    frame = pd.DataFrame(rows)
+    for column, value in changes.items():
+        frame.loc[0, column] = value
+    return frame
+
+
+def test_compare_finds_missing_duplicate_and_changed_rows():
+    ref = _phrases()
+    # run ids, times and run-named model versions differ between two correct runs: not differences
+    same = _phrases(run_id="run-b", classifier_version="run-b", created_at=pd.Timestamp("2027-01-01"))
+    assert compare_table("style_phrases", ref, same) == []
+    nearly = ref.copy()
+    nearly.at[0, "importance"] = np.array([0.25 + 1e-7, 0.75])
+    assert compare_table("style_phrases", ref, nearly) == []
+    changed = ref.copy()
+    changed.at[1, "importance"] = np.array([0.5, 0.5])
+    changed.at[2, "head"] = 3
+    kinds = {(d["kind"], d.get("column")) for d in compare_table("style_phrases", ref, changed)}
+    assert kinds == {("values differ", "importance"), ("values differ", "head")}
+    dup = pd.concat([ref, ref.iloc[[1]]], ignore_index=True)
+    assert [d["kind"] for d in compare_table("style_phrases", ref, dup)] == ["duplicate keys (rerun)"]
+    lost = ref.iloc[1:]
+    diff = compare_table("style_phrases", ref, lost)
+    assert diff == [{"table": "style_phrases", "kind": "keys missing after the rerun", "count": 1, "examples": [["s0"]]}]
+
+
+def test_compare_writes_homes_as_one():
+    row = {"quarantine_id": "x", "source": "s", "source_file": "/a/home1/sample/f.txt", "line_no": 3, "raw": "r",
+           "reason": "empty caption", "quarantined_at": None, "run_id": "1"}
+    other = {**row, "quarantine_id": "y", "source_file": "/b/home2/sample/f.txt"}
+    assert compare_table("quarantine", pd.DataFrame([row]), pd.DataFrame([other]), ("/a/home1", "/b/home2")) == []
+    assert compare_table("quarantine", pd.DataFrame([row]), pd.DataFrame([{**other, "raw": "q"}]),
+                         ("/a/home1", "/b/home2"))[0]["column"] == "raw"
+
+
+def test_kill_plan_covers_every_stage():
+    windows = {s: 10.0 for s in STAGES}
+    plan = kill_plan(10, 3, windows)
+    assert sorted(s for s, _ in plan) == sorted(STAGES * 2)
+    assert all(0 <= d <= 10 for _, d in plan) and plan == kill_plan(10, 3, windows)
+
+
+def test_run_and_kill_kills_the_process_group(tmp_path):
+    script = ("import subprocess, sys, time\n"
+              "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+              "print(child.pid, flush=True)\n"
+              "for n, s in enumerate(['ingest', 'extract'], 1):\n"
+              "    print(f'--- {n}/5 {s} ---', flush=True); time.sleep(0.5)\n"
+              "time.sleep(60)\n")
+    log = tmp_path / "run.log"
+    result = run_and_kill([sys.executable, "-c", script], {}, log, stage="extract", delay=0.2, timeout=30)
+    assert result["killed"] and result["stage_hit"] == "extract" and result["rc"] == -9
+    child = int(log.read_text().split()[0])
+    import os
+    import time
+
+    for _ in range(50):  # the grandchild went with the group
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError("the child process survived the kill")
+    assert banners(log.read_text()) == ["ingest", "extract"]
+    done = run_and_kill([sys.executable, "-c", "print('1/5 ingest')"], {}, tmp_path / "done.log", stage="generate")
+    assert not done["killed"] and done["rc"] == 0
