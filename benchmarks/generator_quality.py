@@ -16,12 +16,19 @@ train-split scenes) and the same held-out (val/test) stylized captions:
   it is trained on a budget of ``--b2b-pairs`` pairs, said in the results);
 - ``graft``: the baseline the learned generators must beat: the factual caption with the phrase appended.
 
+Every generator is asked to place the candidate's *transfer phrase* (the retrieved phrase's style words, see
+``models.phrase_transfer``) when the run's generator was trained with one (``generate.min_phrase_propensity``); a
+candidate without a style word is not generated and fails (``no_style_words``), so it counts against pass_rate.
+
 Metrics per generator (``benchmarks/results/generator_quality.json``; 20 captions each in the ``.md``):
 nonword_rate (share of generated words outside the corpora's vocabulary), repeated_trigram_rate (share of captions
 repeating a word trigram), content_recall (share of the factual caption's content words kept), phrase_uptake
-(share of the phrase's content words used), target_style_rate (the target style's evaluation classifier says
+(share of the transfer phrase's content words used;
+``extracted_phrase_uptake``: of the whole extracted phrase's), target_style_rate (the target style's evaluation classifier says
 p > 0.5, before filtering), pass_rate (every filter of the run's conf), rebuild_bleu4 (BLEU-4 rebuilding held-out
 stylized captions from their own phrase and content), captions_per_s (generation only, this machine).
+Calibration: the real test-split stylized captions through
+the same style classifier and perplexity filter (how often a filter rejects a human caption).
 The evaluation classifiers' test accuracies (test-split stylized captions vs the factual descriptions of test
 images) are reported next to the paper's.
 """
@@ -61,12 +68,14 @@ def quality(cand: pd.DataFrame, generated: list[str], scored: pd.DataFrame, voca
     words = [w for g in generated for w in caption_words(g) if any(ch.isalnum() for ch in w)]
     bad = sum(len(nonwords(g, vocabulary)) for g in generated)
     recall = [content_recall(f, g) for f, g in zip(cand["factual_caption"], generated)]
-    uptake = [phrase_uptake(p, g) for p, g in zip(cand["style_phrase"], generated)]
+    uptake = [phrase_uptake(p, g) for p, g in zip(cand["transfer_phrase"], generated)]
+    raw_uptake = [phrase_uptake(p, g) for p, g in zip(cand["style_phrase"], generated)]
     return {
         "nonword_rate": bad / max(1, len(words)),
         "repeated_trigram_rate": float(np.mean([repeated_trigram(g) for g in generated])),
         "content_recall": float(np.mean([r for r in recall if r is not None])),
         "phrase_uptake": float(np.mean([u for u in uptake if u is not None])),
+        "extracted_phrase_uptake": float(np.mean([u for u in raw_uptake if u is not None])),
         "target_style_rate": float(scored["passed_style"].mean()),
         "pass_rate": float(scored["passed"].mean()),
         "pass_rate_by_filter": {c.removeprefix("passed_"): float(scored[c].mean())
@@ -92,7 +101,7 @@ def main() -> None:
 
     from jobs.config import load_config
     from jobs.generate import (EVALUATION_CLASSIFIERS, candidates, content_encoder_name, filter_options,
-                               training_pairs)
+                               resplit_pairs, training_pairs)
     from jobs.model_store import require_current
     from jobs.spark import get_spark
     from jobs.tables import read_table, scene_descriptions
@@ -101,7 +110,9 @@ def main() -> None:
     from models.generator import (create_bert2bert_from_minilm, create_generator_from_config, fine_tune, generate,
                                   load_generator)
     from models.trigram_lm import StyleLanguageModels
-    from udfs.generation import load_vocabulary, score_candidates
+    from models.caption_scoring import score_captions
+    from models.phrase_transfer import load_propensity
+    from udfs.generation import load_vocabulary, score_candidates, transfer_phrases
 
     cfg = load_config(args.conf)
     spark = get_spark(cfg)
@@ -117,14 +128,23 @@ def main() -> None:
     # the same candidates for every generator: a hash-ordered sample, bounded (never the whole corpus)
     cand = (candidates(spark, cfg, "benchmark").orderBy(F.xxhash64("query_id", "scene_id", F.lit(7)))
             .limit(args.candidates).toPandas())
+    cand["transfer_phrase"] = transfer_phrases(cand, current.get("propensity_path"))
+    asked = (cand["transfer_phrase"] != "").to_numpy()  # no style word to place: not generated, fails no_style_words
     train, held = training_pairs(spark, cfg)
+    genuine = held[held["split"] == "test"]  # calibration: the filters on real held-out captions of each style
+    if current.get("propensity_path"):
+        propensity, p_min = load_propensity(current["propensity_path"])
+        train, held = resplit_pairs(train, propensity, p_min), resplit_pairs(held, propensity, p_min)
     held = held.sample(n=min(args.rebuild, len(held)), random_state=3).reset_index(drop=True)
     print(f"{len(cand)} candidates, {len(train)} train pairs, {len(held)} held-out captions", flush=True)
 
     def evaluate(name: str, gen_fn, extra: dict) -> dict:
         """``gen_fn(phrases, contents)`` writes the candidates' captions and rebuilds the held-out ones."""
         start = time.perf_counter()
-        generated = gen_fn(cand["style_phrase"].tolist(), cand["factual_caption"].tolist())
+        generated = np.full(len(cand), "", dtype=object)
+        generated[asked] = gen_fn(cand.loc[asked, "transfer_phrase"].tolist(),
+                                  cand.loc[asked, "factual_caption"].tolist())
+        generated = generated.tolist()
         seconds = time.perf_counter() - start
         frame = cand.assign(generated_caption=generated)
         scored = score_candidates(frame, classifiers, lms, encoder, vocabulary, filters, 64)
@@ -134,11 +154,13 @@ def main() -> None:
                        "captions_per_s": len(cand) / seconds, **extra})
         result["meets_bar"] = all((result[k] <= v) if op == "<=" else (result[k] >= v) for k, (op, v) in BAR.items())
         samples[name] = frame.assign(passed=scored["passed"], reject_reason=scored["reject_reason"])[
-            ["style", "style_phrase", "factual_caption", "generated_caption", "passed", "reject_reason"]].head(20)
+            ["style", "style_phrase", "transfer_phrase", "factual_caption", "generated_caption", "passed",
+             "reject_reason"]].head(20)
         print(name, json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in result.items()
                                 if k != "pass_rate_by_filter"}), flush=True)
         for row in samples[name].head(8).itertuples():
-            print(f"   [{row.style}] {row.style_phrase} | {row.factual_caption} => {row.generated_caption}"
+            print(f"   [{row.style}] {row.style_phrase} -> {row.transfer_phrase} | {row.factual_caption} => "
+                  f"{row.generated_caption}"
                   f"  ({'pass' if row.passed else row.reject_reason})")
         return result
 
@@ -198,7 +220,17 @@ def main() -> None:
     def graft(phrases, contents):
         return [f"{c.strip()} {p.strip()}".strip() for p, c in zip(phrases, contents)]
 
-    results["graft"] = evaluate("graft", graft, {"decoding": "phrase appended to the factual caption"})
+    results["graft"] = evaluate("graft", graft, {"decoding": "transfer phrase appended to the factual caption"})
+
+    # calibration: real test-split stylized captions under the same style classifier and LMs
+    real = score_captions(genuine["caption"].tolist(), genuine["style"].tolist(), classifiers, lms, batch_size=64)
+    under = real["perplexity"].to_numpy() < filters["ppl_max"]
+    calibration = {"captions": len(genuine), "style": float((real["predicted_style"] == genuine["style"].to_numpy())
+                                                            .mean()),
+                   "perplexity": float(under.mean()),
+                   "per_style_perplexity": {s: float(under[(genuine["style"] == s).to_numpy()].mean())
+                                            for s in sorted(genuine["style"].unique())}}
+    print("real test captions through the style and perplexity filters:", json.dumps(calibration), flush=True)
 
     learned = [n for n in results if n != "graft"]
     passing = [n for n in learned if results[n]["meets_bar"]]
@@ -224,7 +256,11 @@ def main() -> None:
         "command": "ERG_HOME=.erg-real python " + " ".join([sys.argv[0], *sys.argv[1:]]),
         "conf": cfg.name, "default": default, "bar": {k: f"{op} {v}" for k, (op, v) in BAR.items()},
         "conf_default": {"init": g.init, "constraint": decoding.constraint, "strategy": decoding.strategy},
-        "candidates": len(cand), "rebuild_captions": len(held), "generator_version": current["version"],
+        "candidates": len(cand), "candidates_without_style_words": int((~asked).sum()),
+        "rebuild_captions": len(held), "generator_version": current["version"],
+        "lm": {"oov": lms.oov, "background_folds": len(lms.backgrounds),
+               "weights": {s: dict(zip(lms.components(s), np.round(w, 3).tolist())) for s, w in lms.weights.items()}},
+        "real_test_captions_passing": calibration,
         "generators": results,
         "evaluation_classifiers": {"kind": clf_info.get("kind"), "test_accuracy": accuracy},
     }
@@ -232,7 +268,11 @@ def main() -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.with_suffix(".json").write_text(json.dumps(out, indent=2, default=str))
     lines = [f"# Generator quality on the real corpora\n\n`{out['command']}`\n",
-             f"Default: **{default}**; {len(cand)} candidates, {len(held)} held-out captions rebuilt.\n",
+             f"Default: **{default}**; {len(cand)} candidates ({int((~asked).sum())} without a style word to "
+             f"place), {len(held)} held-out captions rebuilt.\n",
+             f"Real test-split stylized captions through the same filters (calibration): style "
+             f"{calibration['style']:.3f}, perplexity < {filters['ppl_max']:g} {calibration['perplexity']:.3f} "
+             f"({', '.join(f'{k} {v:.3f}' for k, v in calibration['per_style_perplexity'].items())}).\n",
              "| generator | nonword | rep. trigram | content recall | phrase uptake | target style | pass | "
              "rebuild BLEU-4 | captions/s | bar |", "|---" * 10 + "|"]
     for n, r in results.items():
@@ -242,9 +282,10 @@ def main() -> None:
     lines += ["", "## Evaluation classifiers, test accuracy (paper in brackets)", ""]
     lines += [f"- {s}: {a['accuracy']:.3f} ({a['paper']})" for s, a in accuracy.items()]
     for n, frame in samples.items():
-        lines += ["", f"## {n}: 20 captions", "", "| style | phrase | factual caption | generated | verdict |",
-                  "|---|---|---|---|---|"]
-        lines += [f"| {r.style} | {r.style_phrase} | {r.factual_caption} | {r.generated_caption} | "
+        lines += ["", f"## {n}: 20 captions", "",
+                  "| style | extracted phrase | transfer phrase | factual caption | generated | verdict |",
+                  "|---|---|---|---|---|---|"]
+        lines += [f"| {r.style} | {r.style_phrase} | {r.transfer_phrase} | {r.factual_caption} | {r.generated_caption} | "
                   f"{'pass' if r.passed else r.reject_reason} |" for r in frame.itertuples()]
     path.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print(f"default: {default}; wrote {path.with_suffix('.json')} and .md")

@@ -273,6 +273,25 @@ class GenerateConf(_Section):
     decoding: DecodingConf = Field(default_factory=DecodingConf)
     filters: FilterConf = Field(default_factory=FilterConf)
     lm_min_count: int = Field(1, ge=1, description="trigram LM: words seen fewer times map to <unk>")
+    lm_oov: Literal["skip", "score"] = Field(
+        "skip", description="perplexity filter: skip: an unseen word is counted, not scored (SRILM's default); "
+        "score: it is scored as <unk>")
+    lm_background_folds: int = Field(
+        2, ge=0, description="interpolate each style LM with the other styles' LMs and a factual background LM of "
+        "P trained in this many folds by image (a caption is scored by the folds without its image; weights by EM "
+        "on the val split); 0 = the style's LM alone; 1 is refused (a fold would score its own captions)")
+    min_phrase_propensity: Optional[float] = Field(
+        0.5, ge=0, le=1, description="transfer phrase: place only the retrieved phrase's style words (put in a "
+        "phrase in at least this share of their train occurrences, see models.phrase_transfer) and the function "
+        "words between them; null = the whole extracted phrase, as the paper")
+
+    @field_validator("lm_background_folds")
+    @classmethod
+    def _folds(cls, v: int) -> int:
+        if v == 1:
+            raise ValueError("generate.lm_background_folds: 1 fold would score a caption with a background trained "
+                             "on it; use 0 (no background) or >= 2")
+        return v
     hits_per_query: int = Field(1, ge=1, description="retrieval hits per factual item turned into candidates")
     max_candidates: Optional[int] = Field(None, ge=1, description="cap on candidates: the same N (by a hash of their key) every run; null = all")
     device: str = "auto"

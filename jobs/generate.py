@@ -31,9 +31,13 @@ CANDIDATE_COLUMNS = ["query_id", "image_id", "image_uri", "factual_caption", "sc
                      "style_phrase", "similarity"]
 
 
+PHRASE_COLUMNS = ["phrase_tokens", "phrase_mask"]  # the retrieved scene's caption words and its phrase mask
+
+
 def _ddl(columns: list[str]) -> T.StructType:
-    fields = {f.name: f for f in TABLES["augmented_captions"].schema.fields}
-    return T.StructType([T.StructField(c, fields[c].dataType, True) for c in columns])
+    fields = {f.name: f.dataType for f in TABLES["augmented_captions"].schema.fields}
+    fields.update({"phrase_tokens": T.ArrayType(T.StringType()), "phrase_mask": T.ArrayType(T.BooleanType())})
+    return T.StructType([T.StructField(c, fields[c], True) for c in columns])
 
 
 # ------------------------------------------------------------------------------------------------------- fit
@@ -44,7 +48,7 @@ def training_pairs(spark: SparkSession, cfg: ErgConfig) -> tuple[pd.DataFrame, p
     phrases = read_table(spark, cfg, "style_phrases")
     stylized = read_table(spark, cfg, "stylized_captions").select("scene_id", "split")
     data = (phrases.join(stylized, "scene_id").filter(F.col("style").isin(cfg.styles))
-            .select("scene_id", "style", "style_phrase", "content", "tokens", "split").toPandas())
+            .select("scene_id", "style", "style_phrase", "content", "tokens", "phrase_mask", "split").toPandas())
     if data.empty:
         raise RuntimeError("style_phrases is empty: run `erg extract` first")
     data["caption"] = data["tokens"].map(lambda t: " ".join(t))
@@ -65,6 +69,35 @@ def factual_vocabulary(spark: SparkSession, cfg: ErgConfig) -> list[str]:
 
     factual = read_table(spark, cfg, "factual_captions").select("caption")
     return sorted(r.word for r in factual.mapInPandas(words, "word string").distinct().collect())
+
+
+def resplit_pairs(frame: pd.DataFrame, propensity: dict, min_propensity: float) -> pd.DataFrame:
+    """Pairs re-split into (transfer phrase, the rest of the caption as content), as the generator is asked at apply
+    time (see models.phrase_transfer); pairs without a style word are left out."""
+    from models.phrase_transfer import transfer_mask
+
+    if frame.empty:
+        return frame
+    masks = [transfer_mask(list(t), list(m), propensity, min_propensity)
+             for t, m in zip(frame["tokens"], frame["phrase_mask"])]
+    out = frame.assign(
+        style_phrase=[" ".join(w for w, k in zip(t, m) if k) for t, m in zip(frame["tokens"], masks)],
+        content=[" ".join(w for w, k in zip(t, m) if not k) for t, m in zip(frame["tokens"], masks)])
+    return out[out["style_phrase"] != ""].reset_index(drop=True)
+
+
+def fit_phrase_transfer(cfg: ErgConfig, train: pd.DataFrame, held: pd.DataFrame, out_dir):
+    """Phrase propensities on the train split, and the pairs re-split by :func:`resplit_pairs`. Returns (train,
+    held, propensity path or None, metrics); ``generate.min_phrase_propensity: null`` keeps the paper's pairs."""
+    from models.phrase_transfer import phrase_propensity, save_propensity
+
+    p_min = cfg.generate.min_phrase_propensity
+    if p_min is None:
+        return train, held, None, {}
+    propensity = phrase_propensity(train["tokens"], train["phrase_mask"])
+    new_train, new_held = resplit_pairs(train, propensity, p_min), resplit_pairs(held, propensity, p_min)
+    path = save_propensity(propensity, p_min, out_dir / "phrase_propensity.json")
+    return new_train, new_held, path, {"generator.pairs_without_style_words": len(train) - len(new_train)}
 
 
 def build_generator(cfg: ErgConfig, train: pd.DataFrame, factual_words: list[str], out_dir) -> str:
@@ -106,17 +139,53 @@ def fit_generator(cfg: ErgConfig, train: pd.DataFrame, held: pd.DataFrame, factu
     return gen, metrics
 
 
-def fit_style_lms(cfg: ErgConfig, train: pd.DataFrame, held: pd.DataFrame, out_dir) -> tuple[str, dict]:
-    """Trigram LMs per style on the train captions; returns (path, held-out median perplexity per style)."""
+def factual_background_lms(spark: SparkSession, cfg: ErgConfig, folds: int) -> list:
+    """The factual corpus P as ``folds`` trigram LMs, a caption's fold by its image (``fold_of``): trigram counts
+    are summed by Spark, so only the counts reach the driver."""
+    from models.trigram_lm import TrigramLM, fold_of, sentence_trigrams
+
+    def trigrams(frames):
+        for frame in frames:
+            rows = [(fold_of(image, folds), *tri) for image, caption in zip(frame["image_id"], frame["caption"])
+                    if isinstance(caption, str) for tri in sentence_trigrams(caption)]
+            yield pd.DataFrame(rows, columns=["fold", "u", "v", "w"])
+
+    counts = (read_table(spark, cfg, "factual_captions").select("image_id", "caption")
+              .mapInPandas(trigrams, "fold int, u string, v string, w string")
+              .groupBy("fold", "u", "v", "w").count().toPandas())
+    lms = []
+    for fold in range(folds):
+        part = counts[counts["fold"] == fold]
+        if part.empty:
+            raise RuntimeError(f"fold {fold} of the factual background LM is empty (P has too few images for "
+                               f"generate.lm_background_folds={folds}; lower it or set 0)")
+        lms.append(TrigramLM.from_counts(list(zip(part["u"], part["v"], part["w"])), part["count"].tolist()))
+    return lms
+
+
+def fit_style_lms(spark: SparkSession, cfg: ErgConfig, train: pd.DataFrame, held: pd.DataFrame,
+                  out_dir) -> tuple[str, dict]:
+    """Trigram LMs per style on the train captions, interpolated (weights by EM on the val captions) with the other
+    styles' and the factual background's; returns (path, metrics: the weights, and per style the median perplexity
+    of the test captions and the share of them under ``ppl_max``: how often the filter would reject a real one)."""
     from models.trigram_lm import StyleLanguageModels
 
-    lms = StyleLanguageModels.train(train["caption"].tolist(), train["style"].tolist(),
-                                    min_count=cfg.generate.lm_min_count)
+    gc = cfg.generate
+    backgrounds = factual_background_lms(spark, cfg, gc.lm_background_folds) if gc.lm_background_folds else []
+    val = held[held["split"] == "val"]
+    held_out = ({style: group["caption"].tolist() for style, group in val.groupby("style")}
+                if backgrounds or len(set(train["style"])) > 1 else None)
+    lms = StyleLanguageModels.train(train["caption"].tolist(), train["style"].tolist(), min_count=gc.lm_min_count,
+                                    backgrounds=backgrounds, held_out=held_out, oov=gc.lm_oov)
     metrics = {}
     for style in lms.styles:
-        own = held[held["style"] == style]["caption"].tolist()
+        for name, w in zip(lms.components(style), lms.weights.get(style, [1.0])):
+            metrics[f"lm.weight/{style}/{name}"] = float(w)
+        own = held[(held["style"] == style) & (held["split"] == "test")]["caption"].tolist()
         if own:
-            metrics[f"lm.heldout_ppl/{style}"] = float(pd.Series(lms[style].perplexities(own)).median())
+            ppl = pd.Series(lms.perplexities(own, [style] * len(own)))
+            metrics[f"lm.test_ppl/{style}"] = float(ppl.median())
+            metrics[f"lm.test_under_ppl_max/{style}"] = float((ppl < gc.filters.ppl_max).mean())
     return lms.save(out_dir / "trigram_lms.json"), metrics
 
 
@@ -135,16 +204,19 @@ def train_generator(spark: SparkSession, cfg: ErgConfig, run_id: str) -> dict:
     factual_words = factual_vocabulary(spark, cfg)
     out_dir = model_dir(cfg, "generator", run_id)
     out_dir.mkdir(parents=True, exist_ok=True)
-    gen, metrics = fit_generator(cfg, train, held, factual_words, out_dir)
+    lm_path, metrics = fit_style_lms(spark, cfg, train, held, out_dir)  # on the whole captions, before the re-split
+    pairs, held_pairs, propensity_path, transfer_metrics = fit_phrase_transfer(cfg, train, held, out_dir)
+    metrics.update(transfer_metrics)
+    gen, gen_metrics = fit_generator(cfg, pairs, held_pairs, factual_words, out_dir)
+    metrics.update(gen_metrics)
     model_path = gen.save(out_dir / "model")
-    lm_path, lm_metrics = fit_style_lms(cfg, train, held, out_dir)
-    metrics.update(lm_metrics)
     vocabulary_path = write_vocabulary(train, factual_words, out_dir)
     if cfg.mlflow.register_models:
         log_transformers_model(cfg, gen.model, gen.tokenizer, name="generator",
                                task="text-generation" if g.kind == "causal" else "text2text-generation")
     current = {"path": model_path, "kind": g.kind, "version": run_id, "lm_path": lm_path,
-               "vocabulary_path": vocabulary_path, "max_source_len": g.max_source_len,
+               "vocabulary_path": vocabulary_path, "propensity_path": propensity_path,
+               "max_source_len": g.max_source_len,
                "max_target_len": g.max_target_len}
     set_current(cfg, "generator", current)
     return {"current": current, "metrics": metrics}
@@ -156,7 +228,8 @@ def candidates(spark: SparkSession, cfg: ErgConfig, generator_version: str):
     the factual caption, minus those this generator version already produced."""
     hits = read_table(spark, cfg, "retrievals").filter(F.col("rank") <= cfg.generate.hits_per_query)
     train_scenes = read_table(spark, cfg, "stylized_captions").where(F.col("split") == "train").select("scene_id")
-    phrases = (read_table(spark, cfg, "style_phrases").select("scene_id", "style", "style_phrase")
+    phrases = (read_table(spark, cfg, "style_phrases")
+               .select("scene_id", "style", "style_phrase", F.col("tokens").alias("phrase_tokens"), "phrase_mask")
                .join(train_scenes, "scene_id", "left_semi"))  # a val/test scene's phrase never becomes a candidate
     factual = read_table(spark, cfg, "factual_captions").select(
         F.col("caption_id").alias("query_id"), "image_id", "image_uri", F.col("caption").alias("factual_caption"))
@@ -171,7 +244,7 @@ def candidates(spark: SparkSession, cfg: ErgConfig, generator_version: str):
     done = read_table(spark, cfg, "augmented_captions").filter(F.col("generator_version") == generator_version)
     cand = cand.join(done.select("query_id", "scene_id", "retrieval_type"), ["query_id", "scene_id", "retrieval_type"],
                      "left_anti")
-    return cand.select(*CANDIDATE_COLUMNS)
+    return cand.select(*CANDIDATE_COLUMNS, *PHRASE_COLUMNS)
 
 
 def decoding_options(cfg: ErgConfig) -> dict:
@@ -203,12 +276,12 @@ def apply_generator(spark: SparkSession, cfg: ErgConfig, cand: DataFrame, n_cand
     partitions = max(1, min(spark.sparkContext.defaultParallelism * 2, n_cand // 64 + 1))
     generated = cand.repartition(partitions, "query_id").mapInPandas(
         make_generator(current["path"], current["kind"], decoding_options(cfg), gc.device, current["max_source_len"],
-                       current["max_target_len"]),
-        _ddl(CANDIDATE_COLUMNS + ["generated_caption"]))
+                       current["max_target_len"], current.get("propensity_path")),
+        _ddl(CANDIDATE_COLUMNS + ["transfer_phrase", "generated_caption"]))
     return generated.mapInPandas(
         make_candidate_scorer(classifiers["path"], current["lm_path"], current.get("vocabulary_path"),
                               content_encoder_name(cfg), filter_options(cfg), cfg.extract.batch_size, gc.device),
-        _ddl(CANDIDATE_COLUMNS + ["generated_caption"] + SCORED_COLUMNS))
+        _ddl(CANDIDATE_COLUMNS + ["transfer_phrase", "generated_caption"] + SCORED_COLUMNS))
 
 
 # ---------------------------------------------------------------------------------------------------- report

@@ -73,7 +73,8 @@ TABLES: dict[str, TableSpec] = {spec.name: spec for spec in [
         ("style_probability", _D, True), ("perplexity", _D, True), ("passed_style", _B, False),
         ("passed_perplexity", _B, False), ("passed_similarity", _B, False), ("content_similarity", _D, True),
         ("passed_content", _B, True), ("passed_well_formed", _B, True), ("passed", _B, False),
-        ("reject_reason", _S, True), ("generator_version", _S, False), ("run_id", _S, False), ("created_at", _TS, False)),
+        ("reject_reason", _S, True), ("generator_version", _S, False), ("run_id", _S, False), ("created_at", _TS, False),
+        ("transfer_phrase", _S, True)),
         "D_a: one generated caption with every filter verdict (failed candidates are kept with their reason)"),
 ]}
 

@@ -263,12 +263,13 @@ SCORE_COLUMNS = ["style_probability", "predicted_style", "perplexity"]
 
 
 def score_captions(texts: Sequence[str], target_styles: Sequence[str], classifiers: EvaluationClassifiers,
-                   lms=None, batch_size: int = 64) -> pd.DataFrame:
+                   lms=None, batch_size: int = 64, folds: Sequence[int | None] | None = None) -> pd.DataFrame:
     """Score captions against their target styles: one row per caption, columns :data:`SCORE_COLUMNS`.
 
     ``style_probability``: p(target style | caption) from the target style's evaluation classifier;
     ``predicted_style``: the target style if that probability is > 0.5, else ``classifiers.factual_label``;
-    ``perplexity``: under the target style's trigram LM of ``lms`` (NaN where ``lms`` is None or lacks the style).
+    ``perplexity``: under the target style's trigram LM of ``lms`` (NaN where ``lms`` is None or lacks the style);
+    ``folds``: each caption's background fold, for LMs with a folded factual background (see models.trigram_lm).
     """
     texts = ["" if text is None or (isinstance(text, float) and np.isnan(text)) else text for text in texts]
     target_styles = list(target_styles)
@@ -277,7 +278,8 @@ def score_captions(texts: Sequence[str], target_styles: Sequence[str], classifie
     if lms is not None:
         rows = [i for i, style in enumerate(target_styles) if style in lms.styles]
         if rows:
-            perplexity[rows] = lms.perplexities([texts[i] for i in rows], [target_styles[i] for i in rows])
+            perplexity[rows] = lms.perplexities([texts[i] for i in rows], [target_styles[i] for i in rows],
+                                                None if folds is None else [folds[i] for i in rows])
     return pd.DataFrame({
         "style_probability": probability,
         "predicted_style": [style if p > 0.5 else classifiers.factual_label

@@ -497,7 +497,24 @@ def _decode_words(gen: StyleGenerator, ids: Sequence[int], source_text: str) -> 
                 words.append(oov.pop(0))
         elif t not in special:
             words.append(tok.convert_ids_to_tokens(int(t)))
-    return " ".join(words)
+    return " ".join(agree_articles(words))
+
+
+_AN_EXCEPTIONS = ("uni", "use", "usu", "one", "eu")  # vowel letter, consonant sound: "a university", "a one-way"
+
+
+def agree_articles(words: Sequence[str]) -> list[str]:
+    """"a" / "an" agreeing with the next word's first sound (by spelling, with the common exceptions): a placed
+    phrase word often lands after the factual caption's article ("a excellent hydrant" -> "an excellent hydrant")."""
+    out = list(words)
+    for i in range(len(out) - 1):
+        if out[i].lower() not in ("a", "an") or not out[i + 1][:1].isalpha():
+            continue
+        nxt = out[i + 1].lower()
+        vowel = nxt[0] in "aeiou" and not nxt.startswith(_AN_EXCEPTIONS)
+        article = "an" if vowel or nxt.startswith(("hour", "honest", "honor")) else "a"
+        out[i] = article.capitalize() if out[i][0].isupper() else article
+    return out
 
 
 @torch.no_grad()

@@ -17,11 +17,23 @@ Model (Chen & Goodman's interpolated Kneser-Ney, one absolute discount D_n per o
 
 ``D_n = n1 / (n1 + 2 n2)`` from the count-of-counts of that order (Ney et al.), or 0.75 where n1 or n2 is 0.
 Perplexity is ``exp(-mean log P)`` over the T words and ``</s>``. Counts live in sorted int64 key arrays, so scoring
-is vectorised with ``numpy.searchsorted``.
+is vectorised with ``numpy.searchsorted``. With ``oov="skip"`` a word that the model has never seen is counted, not
+scored (as SRILM's ``ngram -ppl`` does with a closed vocabulary): the perplexity then measures how the known words
+follow each other, and a rare but real content word does not decide the verdict (non-words are the
+well-formedness filter's job).
+
+``StyleLanguageModels`` scores a caption under its target style. Each style's LM can be interpolated (weights fitted
+by EM on held-out captions of that style) with the LMs of the other styles and with a *background* LM of factual
+captions, which a style corpus of a few thousand captions needs: alone it rejects a third of genuine held-out
+captions at the paper's threshold. The background comes in ``k`` folds (a factual caption's fold is
+:func:`fold_of` its image); a sentence of fold ``f`` is scored with the folds other than ``f``, so a generated caption
+never meets a background that was trained on its own factual caption.
 """
 from __future__ import annotations
 
 import json
+import math
+import zlib
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -34,7 +46,22 @@ from models.text import caption_words
 BOS, EOS, UNK = "<s>", "</s>", "<unk>"
 SPECIALS = (BOS, EOS, UNK)
 FORMAT = "erg-kn-trigram/1"
+STYLE_FORMAT = "erg-style-lms/2"
 FALLBACK_DISCOUNT = 0.75
+OOV_MODES = ("score", "skip")
+
+
+def fold_of(key: str, folds: int) -> int:
+    """The background fold of a factual caption, from its image id (stable across processes: CRC-32)."""
+    if folds < 1:
+        raise ValueError(f"folds must be >= 1, got {folds}")
+    return zlib.crc32(str(key).encode("utf-8")) % folds
+
+
+def sentence_trigrams(sentence: str) -> list[tuple[str, str, str]]:
+    """The word trigrams a trigram LM counts for one sentence: ``<s> <s> w_1 .. w_T </s>``."""
+    words = [BOS, BOS] + caption_words(sentence) + [EOS]
+    return [(words[i - 2], words[i - 1], words[i]) for i in range(2, len(words))]
 
 
 def _discount(counts: np.ndarray) -> float:
@@ -122,6 +149,19 @@ class TrigramLM:
         uniq, counts = np.unique(np.asarray(rows, dtype=np.int64), axis=0, return_counts=True)
         return cls(vocab, uniq, counts, discounts)
 
+    @classmethod
+    def from_counts(cls, trigrams: Sequence[tuple[str, str, str]], counts: Sequence[int],
+                    discounts: Sequence[float] | None = None) -> TrigramLM:
+        """An LM from word trigram counts (as :func:`sentence_trigrams` yields them, summed elsewhere, e.g. by a
+        Spark aggregation over a corpus too large to collect); every word seen is in the vocabulary."""
+        if len(trigrams) != len(counts) or len(trigrams) == 0:
+            raise ValueError("trigrams and counts must be non-empty and of equal length")
+        words = sorted({w for tri in trigrams for w in tri} - set(SPECIALS))
+        vocab = list(SPECIALS) + words
+        word_ids = {w: i for i, w in enumerate(vocab)}
+        ids = np.asarray([[0 if w == BOS else 1 if w == EOS else word_ids[w] for w in tri] for tri in trigrams],
+                         dtype=np.int64)
+        return cls(vocab, ids, np.asarray(counts, dtype=np.float64), discounts)
 
     def _prob(self, u: np.ndarray, v: np.ndarray, w: np.ndarray) -> np.ndarray:
         """P(w | u, v) for aligned id arrays."""
@@ -155,21 +195,26 @@ class TrigramLM:
         p = self._prob(np.full_like(w, u), np.full_like(w, v), w)
         return dict(zip(self.vocab[1:], p.tolist()))
 
-    def perplexities(self, sentences: Sequence[str]) -> np.ndarray:
-        """Per-sentence perplexity, exp(-mean log P) over its words and ``</s>``, for a batch of sentences."""
+    def token_log_probs(self, sentences: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(log P of every scored token, whether that token is out of vocabulary, tokens per sentence): the tokens of
+        all sentences concatenated, each sentence's words and ``</s>``."""
         bad = [i for i, s in enumerate(sentences) if not isinstance(s, str)]
         if bad:
             raise ValueError(f"sentences must be strings; row {bad[0]} is {type(sentences[bad[0]]).__name__}")
         if len(sentences) == 0:
-            return np.zeros(0)
+            return np.zeros(0), np.zeros(0, dtype=bool), np.zeros(0, dtype=np.int64)
         seqs = [[0, 0] + _to_ids(self.word_ids, caption_words(s)) + [1] for s in sentences]
-        lengths = np.array([len(s) - 2 for s in seqs])
+        lengths = np.array([len(s) - 2 for s in seqs], dtype=np.int64)
         u = np.concatenate([s[:-2] for s in seqs]).astype(np.int64)
         v = np.concatenate([s[1:-1] for s in seqs]).astype(np.int64)
         w = np.concatenate([s[2:] for s in seqs]).astype(np.int64)
-        logp = np.log(self._prob(u, v, w))
-        sums = np.bincount(np.repeat(np.arange(len(seqs)), lengths), weights=logp, minlength=len(seqs))
-        return np.exp(-sums / lengths)
+        return np.log(self._prob(u, v, w)), w == 2, lengths
+
+    def perplexities(self, sentences: Sequence[str], oov: str = "score") -> np.ndarray:
+        """Per-sentence perplexity, exp(-mean log P) over its words and ``</s>``, for a batch of sentences;
+        ``oov="skip"`` leaves unseen words out of the mean (see the module doc)."""
+        logp, is_oov, lengths = self.token_log_probs(sentences)
+        return _sentence_perplexities(logp, is_oov, lengths, oov)
 
     def perplexity(self, sentence: str) -> float:
         """Perplexity of one sentence."""
@@ -194,18 +239,76 @@ class TrigramLM:
         return cls(data["vocab"], trigrams, np.asarray(data["counts"]), data["discounts"])
 
 
-class StyleLanguageModels:
-    """One ``TrigramLM`` per style; each generated caption is scored under the LM of its target style."""
+def _check_oov(oov: str) -> None:
+    if oov not in OOV_MODES:
+        raise ValueError(f"oov must be one of {OOV_MODES}, got {oov!r}")
 
-    def __init__(self, models: Mapping[str, TrigramLM]) -> None:
-        """``models``: style name -> its trained trigram LM."""
+
+def _sentence_perplexities(logp: np.ndarray, is_oov: np.ndarray, lengths: np.ndarray, oov: str) -> np.ndarray:
+    """exp(-mean log P) per sentence over its tokens; with ``oov="skip"`` over its in-vocabulary tokens (``</s>`` is
+    always one, so no sentence is left without a token)."""
+    _check_oov(oov)
+    if len(lengths) == 0:
+        return np.zeros(0)
+    keep = ~is_oov if oov == "skip" else np.ones(len(logp), dtype=bool)
+    rows = np.repeat(np.arange(len(lengths)), lengths)
+    sums = np.bincount(rows, weights=np.where(keep, logp, 0.0), minlength=len(lengths))
+    counts = np.bincount(rows, weights=keep.astype(np.float64), minlength=len(lengths))
+    return np.exp(-sums / counts)
+
+
+def fit_mixture_weights(log_probs: np.ndarray, iters: int = 50) -> np.ndarray:
+    """Interpolation weights of ``C`` LMs that maximise the likelihood of held-out tokens, by EM.
+
+    ``log_probs``: (C, N) log P of N held-out tokens under each LM. Returns C weights summing to 1."""
+    log_probs = np.asarray(log_probs, dtype=np.float64)
+    if log_probs.ndim != 2 or log_probs.shape[1] == 0:
+        raise ValueError(f"log_probs must be (components, tokens) with tokens > 0, got shape {log_probs.shape}")
+    weights = np.full(log_probs.shape[0], 1.0 / log_probs.shape[0])
+    for _ in range(iters):
+        joint = np.log(weights)[:, None] + log_probs
+        posterior = np.exp(joint - np.logaddexp.reduce(joint, axis=0))
+        weights = np.maximum(posterior.mean(axis=1), 1e-6)
+        weights /= weights.sum()
+    return weights
+
+
+class StyleLanguageModels:
+    """One ``TrigramLM`` per style; each caption is scored under the LM of its target style, alone or interpolated
+    with the other styles' LMs and a folded factual background (see the module doc)."""
+
+    def __init__(self, models: Mapping[str, TrigramLM], backgrounds: Sequence[TrigramLM] = (),
+                 weights: Mapping[str, Sequence[float]] | None = None, oov: str = "score") -> None:
+        """``models``: style name -> its trained trigram LM; ``backgrounds``: the factual LM's folds (none, or at
+        least two); ``weights``: style -> interpolation weights over (own LM, the other styles' LMs in sorted order,
+        background), summing to 1; a style without weights uses its own LM alone; ``oov``: ``score`` or ``skip``."""
         if not models:
             raise ValueError("StyleLanguageModels needs at least one style")
-        self.models = dict(models)
+        if len(backgrounds) == 1:
+            raise ValueError("a folded background needs at least two folds (one fold would score its own captions)")
+        _check_oov(oov)
+        self.models, self.backgrounds, self.oov = dict(models), list(backgrounds), oov
+        # In a mixture every part predicts the union vocabulary: a part spreads its <unk> mass over the union's words
+        # it does not know (else a small-vocabulary part would give every unseen word a large share).
+        union = set().union(*(lm.vocab for lm in [*self.models.values(), *self.backgrounds]))
+        self._unk_share = {id(lm): math.log(len(union - set(lm.vocab)) + 1)
+                           for lm in [*self.models.values(), *self.backgrounds]}
+        self.weights: dict[str, np.ndarray] = {}
+        for style, w in (weights or {}).items():
+            w = np.asarray(w, dtype=np.float64)
+            if style not in self.models:
+                raise ValueError(f"weights for {style!r}, which has no LM; styles: {self.styles}")
+            if len(w) != len(self.components(style)) or (w < 0).any() or not np.isclose(w.sum(), 1.0):
+                raise ValueError(f"weights of {style!r} must be {len(self.components(style))} non-negative values "
+                                 f"summing to 1 (own, {self.others(style)}, background), got {w.tolist()}")
+            self.weights[style] = w
 
     @classmethod
-    def train(cls, captions: Sequence[str], styles: Sequence[str], min_count: int = 1) -> StyleLanguageModels:
-        """Train one LM per distinct style on the captions of that style."""
+    def train(cls, captions: Sequence[str], styles: Sequence[str], min_count: int = 1,
+              backgrounds: Sequence[TrigramLM] = (), held_out: Mapping[str, Sequence[str]] | None = None,
+              oov: str = "score") -> StyleLanguageModels:
+        """Train one LM per distinct style on the captions of that style. With ``held_out`` (style -> captions of
+        that style that are not in training), fit each such style's interpolation weights on them by EM."""
         if len(captions) != len(styles):
             raise ValueError(f"captions and styles must have the same length, got {len(captions)} and {len(styles)}")
         by_style: dict[str, list[str]] = {}
@@ -213,37 +316,98 @@ class StyleLanguageModels:
             if not isinstance(style, str) or not style:
                 raise ValueError(f"every style must be a non-empty string, got {style!r}")
             by_style.setdefault(style, []).append(caption)
-        return cls({s: TrigramLM.train(c, min_count=min_count) for s, c in sorted(by_style.items())})
+        lms = cls({s: TrigramLM.train(c, min_count=min_count) for s, c in sorted(by_style.items())},
+                  backgrounds, oov=oov)
+        for style, sentences in (held_out or {}).items():
+            if style in lms.models and len(sentences):
+                lms.weights[style] = lms.fit_weights(style, sentences)
+        return lms
 
     @property
     def styles(self) -> list[str]:
         """The styles that have an LM, sorted."""
         return sorted(self.models)
 
+    def others(self, style: str) -> list[str]:
+        return [s for s in self.styles if s != style]
+
+    def components(self, style: str) -> list[str]:
+        """Names of the interpolated parts for ``style``: itself, the other styles, ``background`` if any."""
+        return [style] + self.others(style) + (["background"] if self.backgrounds else [])
+
     def __getitem__(self, style: str) -> TrigramLM:
         if style not in self.models:
             raise ValueError(f"no trigram LM for style {style!r}; styles with one: {self.styles}")
         return self.models[style]
 
-    def perplexities(self, sentences: Sequence[str], styles: Sequence[str]) -> np.ndarray:
-        """Perplexity of each sentence under the LM of its style (aligned lists)."""
-        if len(sentences) != len(styles):
-            raise ValueError(f"sentences and styles must have the same length, got {len(sentences)} and {len(styles)}")
+    def _component_log_probs(self, style: str, sentences: Sequence[str], folds: Sequence[int | None] | None):
+        """(C, N) log P of every token under each component of ``style``, the tokens' all-OOV mask, lengths."""
+        parts, oov_masks = [], []
+        lengths = None
+        def log_probs(lm: TrigramLM):
+            logp, is_oov, n = lm.token_log_probs(sentences)
+            return np.where(is_oov, logp - self._unk_share[id(lm)], logp), is_oov, n
+
+        for name in self.components(style)[: len(self.components(style)) - bool(self.backgrounds)]:
+            logp, is_oov, lengths = log_probs(self.models[name])
+            parts.append(logp)
+            oov_masks.append(is_oov)
+        if self.backgrounds:
+            per_fold = [log_probs(lm) for lm in self.backgrounds]
+            probs = np.exp(np.stack([p[0] for p in per_fold]))  # (K, N)
+            k = len(self.backgrounds)
+            token_fold = np.repeat(np.asarray([-1 if f is None else int(f) for f in (folds or [None] * len(sentences))]),
+                                   lengths)
+            if ((token_fold < -1) | (token_fold >= k)).any():
+                raise ValueError(f"folds must lie in [0, {k}) or be None")
+            use = np.ones_like(probs, dtype=bool)
+            for f in range(k):
+                use[f, token_fold == f] = False  # never the fold the sentence's factual caption is in
+            parts.append(np.log((probs * use).sum(axis=0) / use.sum(axis=0)))
+            oov_masks.append(np.all(np.stack([p[1] for p in per_fold]), axis=0))
+        return np.stack(parts), np.all(np.stack(oov_masks), axis=0), lengths
+
+    def fit_weights(self, style: str, sentences: Sequence[str]) -> np.ndarray:
+        """EM interpolation weights of ``style``'s components on held-out ``sentences`` of that style."""
+        log_probs, all_oov, _ = self._component_log_probs(style, sentences, None)
+        keep = ~all_oov if self.oov == "skip" else np.ones(log_probs.shape[1], dtype=bool)
+        return fit_mixture_weights(log_probs[:, keep])
+
+    def perplexities(self, sentences: Sequence[str], styles: Sequence[str],
+                     folds: Sequence[int | None] | None = None) -> np.ndarray:
+        """Perplexity of each sentence under the model of its style (aligned lists). ``folds``: the background fold
+        of each sentence's factual caption (:func:`fold_of` its image), None where it has none (then every fold)."""
+        if len(sentences) != len(styles) or (folds is not None and len(folds) != len(sentences)):
+            raise ValueError(f"sentences, styles (and folds) must have the same length, got {len(sentences)}, "
+                             f"{len(styles)}" + (f", {len(folds)}" if folds is not None else ""))
         out = np.empty(len(sentences))
         style_arr = np.asarray(styles, dtype=object)
         for style in set(styles):
             rows = np.flatnonzero(style_arr == style)
-            out[rows] = self[style].perplexities([sentences[i] for i in rows])
+            texts = [sentences[i] for i in rows]
+            if style not in self.weights:
+                out[rows] = self[style].perplexities(texts, self.oov)
+                continue
+            log_probs, all_oov, lengths = self._component_log_probs(
+                style, texts, None if folds is None else [folds[i] for i in rows])
+            mixed = np.logaddexp.reduce(np.log(self.weights[style])[:, None] + log_probs, axis=0)
+            out[rows] = _sentence_perplexities(mixed, all_oov, lengths, self.oov)
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-serialisable form: style -> ``TrigramLM.to_dict()``."""
-        return {style: lm.to_dict() for style, lm in sorted(self.models.items())}
+        """A JSON-serialisable form of the style LMs, background folds, weights and OOV mode."""
+        return {"format": STYLE_FORMAT, "oov": self.oov,
+                "styles": {style: lm.to_dict() for style, lm in sorted(self.models.items())},
+                "backgrounds": [lm.to_dict() for lm in self.backgrounds],
+                "weights": {style: w.tolist() for style, w in sorted(self.weights.items())}}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> StyleLanguageModels:
-        """Rebuild models written by ``to_dict``."""
-        return cls({style: TrigramLM.from_dict(d) for style, d in data.items()})
+        """Rebuild models written by ``to_dict`` (or the first format: style -> ``TrigramLM.to_dict()``)."""
+        if data.get("format") != STYLE_FORMAT:
+            return cls({style: TrigramLM.from_dict(d) for style, d in data.items()})
+        return cls({style: TrigramLM.from_dict(d) for style, d in data["styles"].items()},
+                   [TrigramLM.from_dict(d) for d in data["backgrounds"]], data["weights"], data["oov"])
 
     def save(self, path: str | Path) -> str:
         """Write the models as one JSON file."""

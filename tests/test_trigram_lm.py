@@ -126,3 +126,58 @@ def test_bad_input_is_rejected(style_lms):
         style_lms["humor"].perplexities([None])
     with pytest.raises(ValueError, match="format"):
         TrigramLM.from_dict({"format": "arpa"})
+
+
+def test_skipping_oov_words_scores_only_known_words(tiny):
+    # "a zebra" scores a, then zebra (<unk>, skipped), then </s> after the context (a, <unk>)
+    logp, oov, lengths = tiny.token_log_probs(["a zebra"])
+    assert oov.tolist() == [False, True, False] and lengths.tolist() == [3]
+    assert tiny.perplexities(["a zebra"], oov="skip")[0] == pytest.approx(math.exp(-(logp[0] + logp[2]) / 2))
+    assert tiny.perplexities(["a zebra"], oov="skip")[0] < tiny.perplexities(["a zebra"])[0]
+    assert tiny.perplexities(["a b"], oov="skip")[0] == pytest.approx(tiny.perplexity("a b"))  # nothing to skip
+    with pytest.raises(ValueError, match="oov"):
+        tiny.perplexities(["a b"], oov="ignore")
+
+
+def test_from_counts_equals_training_on_the_sentences():
+    from collections import Counter
+
+    from models.trigram_lm import sentence_trigrams
+
+    sentences = ["a dog runs in the park", "a dog sits", "the cat naps in the sun", "a cat runs"]
+    counts = Counter(t for s in sentences for t in sentence_trigrams(s))
+    built = TrigramLM.from_counts(list(counts), list(counts.values()))
+    trained = TrigramLM.train(sentences)
+    probe = ["a dog naps in the sun", "the park runs", "zebra"]
+    np.testing.assert_allclose(built.perplexities(probe), trained.perplexities(probe))
+
+
+def test_em_weights_prefer_the_component_that_fits_held_out_text():
+    from models.trigram_lm import fit_mixture_weights
+
+    good, bad = np.log(np.full(200, 0.5)), np.log(np.full(200, 0.01))
+    weights = fit_mixture_weights(np.stack([bad, good]))
+    assert weights.sum() == pytest.approx(1.0) and weights[1] > 0.95
+
+
+def test_background_folds_never_score_a_caption_with_its_own_fold(styled, tmp_path):
+    from models.trigram_lm import fold_of
+
+    humor = styled["humor"][:2000]
+    factual_a = ["a dog runs on the grass", "a man rides a red bike down the street"] * 20
+    factual_b = ["two children play in the snow", "a woman sits on a bench"] * 20
+    backgrounds = [TrigramLM.train(factual_a), TrigramLM.train(factual_b)]
+    lms = StyleLanguageModels.train(humor, ["humor"] * len(humor), backgrounds=backgrounds,
+                                    held_out={"humor": styled["humor"][2000:2300]}, oov="skip")
+    w = lms.weights["humor"]
+    assert len(w) == 2 and w.sum() == pytest.approx(1.0) and w[0] > w[1] > 0  # own style first, background second
+    caption = "a dog runs on the grass"
+    own_fold = lms.perplexities([caption], ["humor"], folds=[0])[0]   # scored by fold 1's LM: it never saw it
+    other_fold = lms.perplexities([caption], ["humor"], folds=[1])[0]  # scored by fold 0's LM: it saw it
+    assert other_fold < own_fold
+    assert fold_of("coco:42", 2) == fold_of("coco:42", 2) in (0, 1)
+    again = StyleLanguageModels.load(lms.save(tmp_path / "lms.json"))
+    assert again.oov == "skip" and again.weights["humor"] == pytest.approx(w)
+    assert again.perplexities([caption], ["humor"], folds=[0])[0] == pytest.approx(own_fold)
+    with pytest.raises(ValueError, match="two folds"):
+        StyleLanguageModels(lms.models, backgrounds[:1])

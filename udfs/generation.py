@@ -22,9 +22,24 @@ SCORED_COLUMNS = ["predicted_style", "style_probability", "perplexity", "content
                   "reject_reason"]
 
 
+def transfer_phrases(frame: pd.DataFrame, propensity_path: str | None) -> list[str]:
+    """The phrase each candidate asks the generator to place (:mod:`models.phrase_transfer`): from the retrieved
+    scene's ``phrase_tokens`` / ``phrase_mask`` and the factual caption; the whole ``style_phrase`` without a
+    propensity file (the paper's e^s)."""
+    if not propensity_path:
+        return frame["style_phrase"].tolist()
+    from models.phrase_transfer import load_propensity, transfer_phrase
+
+    propensity, p_min = cached_model(("phrase_propensity", propensity_path), lambda: load_propensity(propensity_path))
+    return [transfer_phrase(list(t), list(m), propensity, p_min, f)
+            for t, m, f in zip(frame["phrase_tokens"], frame["phrase_mask"], frame["factual_caption"])]
+
+
 def make_generator(model_path: str, kind: str, decoding: dict, device: str, max_source_len: int,
-                   max_target_len: int) -> Callable[[Iterator[pd.DataFrame]], Iterator[pd.DataFrame]]:
-    """mapInPandas: frames with ``style_phrase`` and ``factual_caption`` -> the same plus ``generated_caption``.
+                   max_target_len: int,
+                   propensity_path: str | None = None) -> Callable[[Iterator[pd.DataFrame]], Iterator[pd.DataFrame]]:
+    """mapInPandas: candidate frames -> the same (less the phrase tokens / mask) plus ``transfer_phrase`` and
+    ``generated_caption`` ("" where the transfer phrase is empty: no style word to place, nothing generated).
 
     ``decoding`` holds :func:`models.generator.generate`'s options (strategy, beams, no-repeat n-grams,
     repetition penalty, constraint, batch size, seed, ...)."""
@@ -40,9 +55,14 @@ def make_generator(model_path: str, kind: str, decoding: dict, device: str, max_
         for frame in rebatch(frames, max(1, int(decoding.get("batch_size", 32))) * 4):
             if frame.empty:
                 continue
-            out = frame.copy()
-            out["generated_caption"] = generate(gen, frame["style_phrase"].tolist(), frame["factual_caption"].tolist(),
-                                                **decoding)
+            out = frame.drop(columns=[c for c in ("phrase_tokens", "phrase_mask") if c in frame.columns])
+            out["transfer_phrase"] = transfer_phrases(frame, propensity_path)
+            out["generated_caption"] = ""
+            todo = (out["transfer_phrase"] != "").to_numpy()
+            if todo.any():
+                out.loc[todo, "generated_caption"] = generate(
+                    gen, out.loc[todo, "transfer_phrase"].tolist(), out.loc[todo, "factual_caption"].tolist(),
+                    **decoding)
             yield out
 
     return generate_batches
@@ -68,7 +88,9 @@ def score_candidates(frame: pd.DataFrame, classifiers, lms, encoder, vocabulary:
 
     ``filters``: ``ppl_max``, ``min_similarity``, ``min_content_similarity`` and ``well_formed`` (bool), as in
     ``generate.filters``. A word of the generated caption is known if it is in ``vocabulary`` or in the candidate's
-    own factual caption or style phrase."""
+    own factual caption or style phrase. The perplexity of a caption is taken with the background folds that do not
+    hold its factual caption's image. A candidate whose transfer phrase is empty fails with reason
+    ``no_style_words``."""
     from models.augment_filters import apply_filters
     from models.caption_quality import well_formedness
     from models.caption_scoring import score_captions
@@ -76,7 +98,12 @@ def score_candidates(frame: pd.DataFrame, classifiers, lms, encoder, vocabulary:
 
     texts = frame["generated_caption"].fillna("").tolist()
     out = frame.copy()
-    scores = score_captions(texts, frame["style"].tolist(), classifiers, lms, batch_size=batch_size)
+    folds = None
+    if lms is not None and getattr(lms, "backgrounds", None) and "image_id" in frame.columns:
+        from models.trigram_lm import fold_of
+
+        folds = [fold_of(i, len(lms.backgrounds)) for i in frame["image_id"]]
+    scores = score_captions(texts, frame["style"].tolist(), classifiers, lms, batch_size=batch_size, folds=folds)
     for column in scores.columns:
         out[column] = scores[column].to_numpy()
     out["content_similarity"] = content_similarity(encoder, texts, frame["factual_caption"].tolist(), batch_size)
@@ -87,6 +114,10 @@ def score_candidates(frame: pd.DataFrame, classifiers, lms, encoder, vocabulary:
                              min_similarity=filters["min_similarity"],
                              min_content_similarity=filters["min_content_similarity"],
                              well_formed=bool(filters["well_formed"]))
+    if "transfer_phrase" in verdicts.columns:
+        empty = (verdicts["transfer_phrase"].fillna("") == "").to_numpy()
+        verdicts.loc[empty, "passed"] = False
+        verdicts.loc[empty, "reject_reason"] = "no_style_words"
     return verdicts.rename(columns={"target_style": "style"}).drop(columns=["well_formed_reason"])
 
 

@@ -1,0 +1,89 @@
+"""Which words of a retrieved style phrase the generator is asked to place into a factual caption.
+
+The extracted phrase e^s of a stylized caption is every word that the style head attends to most (a proportion eps
+of the caption), so besides its style words ("nice", "dirty", "in love") it holds articles, verbs and nouns of its
+own scene ("a a nice", "toilet a tiny", "front building walking"). Forced into another scene's caption, those make
+"a a nice man" or "the girl mirror". The *transfer phrase* keeps, from each contiguous span of phrase words,
+
+- the style words: not a stopword or punctuation, not already in the factual caption, and put in the phrase rather
+  than in the content in at least ``min_propensity`` of their occurrences in the train split (the word's
+  *phrase propensity*, learnt from the extractor's own output: "beautiful" ~1, "building" ~0);
+- the function words lying between two kept words of the same span ("happily in love", "pretending to be a horse").
+
+The generator is trained on the same split of each train caption (transfer phrase, the rest as content), so what
+it learns and what it is asked agree. The stored ``style_phrase`` stays the paper's e^s.
+"""
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+from models.caption_quality import STOPWORDS
+from models.text import caption_words, is_punctuation
+
+FORMAT = "erg-phrase-propensity/1"
+
+
+def phrase_propensity(tokens: Iterable[Sequence[str]], masks: Iterable[Sequence[bool]],
+                      prior: float = 1.0) -> dict[str, float]:
+    """Per word, the smoothed share of its occurrences (in these captions) that the extractor put in the phrase:
+    ``(in_phrase + prior / 2) / (occurrences + prior)``."""
+    in_phrase, total = Counter(), Counter()
+    for words, mask in zip(tokens, masks):
+        if len(words) != len(mask):
+            raise ValueError(f"tokens and phrase mask differ in length: {len(words)} vs {len(mask)}")
+        for word, masked in zip(words, mask):
+            total[word] += 1
+            in_phrase[word] += bool(masked)
+    return {w: (in_phrase[w] + prior / 2) / (n + prior) for w, n in total.items()}
+
+
+def _is_style_word(word: str, factual: set[str], propensity: Mapping[str, float], min_propensity: float) -> bool:
+    return (word not in STOPWORDS and not is_punctuation(word) and word not in factual
+            and propensity.get(word, 0.0) >= min_propensity)
+
+
+def transfer_mask(tokens: Sequence[str], mask: Sequence[bool], propensity: Mapping[str, float],
+                  min_propensity: float, factual_caption: str = "") -> list[bool]:
+    """Which ``tokens`` (a stylized caption; ``mask``: its phrase words) go into the transfer phrase."""
+    if len(tokens) != len(mask):
+        raise ValueError(f"tokens and phrase mask differ in length: {len(tokens)} vs {len(mask)}")
+    factual = set(caption_words(factual_caption))
+    out = [False] * len(tokens)
+    i = 0
+    while i < len(tokens):
+        if not mask[i]:
+            i += 1
+            continue
+        j = i
+        while j < len(tokens) and mask[j]:
+            j += 1  # [i, j) is one span of phrase words
+        kept = [k for k in range(i, j) if _is_style_word(tokens[k], factual, propensity, min_propensity)]
+        if kept:
+            for k in range(kept[0], kept[-1] + 1):
+                out[k] = k in kept or (tokens[k] in STOPWORDS and not is_punctuation(tokens[k]))
+        i = j
+    return out
+
+
+def transfer_phrase(tokens: Sequence[str], mask: Sequence[bool], propensity: Mapping[str, float],
+                    min_propensity: float, factual_caption: str = "") -> str:
+    """The transfer phrase for placing this stylized caption's style into ``factual_caption`` ("" if none)."""
+    keep = transfer_mask(tokens, mask, propensity, min_propensity, factual_caption)
+    return " ".join(t for t, k in zip(tokens, keep) if k)
+
+
+def save_propensity(propensity: Mapping[str, float], min_propensity: float, path: str | Path) -> str:
+    Path(path).write_text(json.dumps({"format": FORMAT, "min_propensity": min_propensity,
+                                      "propensity": dict(sorted(propensity.items()))}))
+    return str(path)
+
+
+def load_propensity(path: str | Path) -> tuple[dict[str, float], float]:
+    """(propensity, min_propensity) as written by :func:`save_propensity`."""
+    data = json.loads(Path(path).read_text())
+    if data.get("format") != FORMAT:
+        raise ValueError(f"{path}: not a phrase propensity file (format {data.get('format')!r}, expected {FORMAT!r})")
+    return data["propensity"], float(data["min_propensity"])
