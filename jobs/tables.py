@@ -136,11 +136,12 @@ def ensure_table(spark: SparkSession, cfg: ErgConfig, table: str) -> str:
                         for f in spec.schema.fields)
     location = table_location(cfg, table)
     where = f" LOCATION '{location}'" if location else ""
-    spark.sql(
-        f"CREATE TABLE IF NOT EXISTS {name} ({columns}) USING DELTA{where} "
-        f"COMMENT '{spec.comment.replace(chr(39), '')}' "
-        "TBLPROPERTIES (delta.enableChangeDataFeed = true)"
-    )
+    if not spark.catalog.tableExists(name):  # CREATE ... IF NOT EXISTS raises when an older table lacks a column
+        spark.sql(
+            f"CREATE TABLE IF NOT EXISTS {name} ({columns}) USING DELTA{where} "
+            f"COMMENT '{spec.comment.replace(chr(39), '')}' "
+            "TBLPROPERTIES (delta.enableChangeDataFeed = true)"
+        )
     have = set(spark.table(name).columns)
     added = [f for f in spec.schema.fields if f.name not in have and f.nullable]
     if added:  # a table made by an older version: add the new nullable columns (existing rows read NULL)
