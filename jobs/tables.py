@@ -130,13 +130,19 @@ def create_training_set_view(spark: SparkSession, cfg: ErgConfig) -> str:
 
 
 def ensure_table(spark: SparkSession, cfg: ErgConfig, table: str) -> str:
+    from delta.tables import DeltaTable
+
     spec = TABLES[table]
     name = table_name(cfg, table)
     columns = ", ".join(f"`{f.name}` {f.dataType.simpleString()}{'' if f.nullable else ' NOT NULL'}"
                         for f in spec.schema.fields)
     location = table_location(cfg, table)
     where = f" LOCATION '{location}'" if location else ""
-    if not spark.catalog.tableExists(name):  # CREATE ... IF NOT EXISTS raises when an older table lacks a column
+    if location and not spark.catalog.tableExists(name) and DeltaTable.isDeltaTable(spark, location):
+        # a table written by an earlier session (or an older version, which may lack a column): register it as it
+        # is (CREATE with the new schema would raise on the mismatch), then add the missing columns below
+        spark.sql(f"CREATE TABLE IF NOT EXISTS {name} USING DELTA LOCATION '{location}'")
+    if not spark.catalog.tableExists(name):
         spark.sql(
             f"CREATE TABLE IF NOT EXISTS {name} ({columns}) USING DELTA{where} "
             f"COMMENT '{spec.comment.replace(chr(39), '')}' "
