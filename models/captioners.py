@@ -328,6 +328,101 @@ def greedy_decode(model: Captioner, features: torch.Tensor, style: str | Sequenc
     return [vocab.decode(row) for row in tokens.tolist()]
 
 
+def beam_decode(model: Captioner, features: torch.Tensor, style: str | Sequence[str], beam_size: int = 5,
+                max_len: int = 20, length_penalty: float = 1.0,
+                region_padding_mask: torch.Tensor | None = None) -> list[list[tuple[str, float]]]:
+    """Beam search: for each image, up to ``beam_size`` distinct captions in ``style`` with their scores, best first.
+
+    A caption's score is its summed token log-probability (``<eos>`` included when it ended) divided by
+    ``length ** length_penalty`` (0: the plain sum). A beam stops when it writes ``<eos>`` among the ``beam_size``
+    best continuations; an image is done when ``beam_size`` captions have ended and no open beam can beat them (or
+    after ``max_len`` tokens, when the open beams are kept as they stand).
+    ``<pad>``, ``<bos>`` and style tokens are never emitted; with ``beam_size`` 1 the first caption is the greedy one.
+    """
+    vocab = model.vocab
+    if isinstance(beam_size, bool) or not isinstance(beam_size, int) or beam_size < 1:
+        raise ValueError(f"beam_size must be an integer >= 1, got {beam_size!r}")
+    if max_len < 1:
+        raise ValueError(f"max_len must be >= 1, got {max_len}")
+    if isinstance(model, TransformerCaptioner) and PREFIX_LENGTH + max_len - 1 > model.hparams["max_len"]:
+        raise ValueError(f"max_len {max_len} needs {PREFIX_LENGTH + max_len - 1} positions; this transformer has "
+                         f"{model.hparams['max_len']} (max_len <= {model.hparams['max_len'] - PREFIX_LENGTH + 1})")
+    device = next(model.parameters()).device
+    features = _as_regions(torch.as_tensor(features, dtype=torch.float32), model.feature_dim).to(device)
+    batch, k = features.shape[0], beam_size
+    styles = [style] * batch if isinstance(style, str) else list(style)
+    if len(styles) != batch:
+        raise ValueError(f"got {len(styles)} styles for {batch} images: give one style or one per image")
+    feats = features.repeat_interleave(k, dim=0)
+    mask = region_padding_mask.to(device).repeat_interleave(k, dim=0) if region_padding_mask is not None else None
+    tokens = torch.tensor([[vocab.style_id(s), vocab.bos_id] for s in styles for _ in range(k)], dtype=torch.long,
+                          device=device)
+    scores = torch.full((batch, k), float("-inf"), device=device)
+    scores[:, 0] = 0.0  # one live beam per image at the start: the others would repeat it
+    banned = torch.tensor([vocab.pad_id, vocab.bos_id, *vocab.style_ids], device=device)
+    ended: list[list[tuple[list[int], float, int]]] = [[] for _ in range(batch)]
+    done = [False] * batch
+
+    def norm(logp: float, length: int) -> float:
+        return logp / (max(length, 1) ** length_penalty) if length_penalty else logp
+
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            for step in range(max_len):
+                logits = model(feats, tokens, mask)[:, -1]
+                logits[:, banned] = float("-inf")
+                logp = torch.log_softmax(logits.float(), dim=-1).view(batch, k, -1)
+                total = (scores.unsqueeze(-1) + logp).view(batch, -1)
+                top_scores, top_ids = total.topk(min(2 * k, total.shape[1]), dim=-1)
+                width = logp.shape[-1]
+                next_tokens, next_scores = tokens.view(batch, k, -1).clone(), torch.full_like(scores, float("-inf"))
+                chosen = torch.zeros(batch, k, dtype=torch.long, device=device)
+                for b in range(batch):
+                    alive = 0
+                    for rank, (score, flat) in enumerate(zip(top_scores[b].tolist(), top_ids[b].tolist())):
+                        if done[b] or alive == k or score == float("-inf"):
+                            break
+                        beam, token = divmod(flat, width)
+                        if token == vocab.eos_id:
+                            if rank < k:  # an ending counts only among the k best continuations
+                                ended[b].append((tokens[b * k + beam, PREFIX_LENGTH:].tolist(), score, step + 1))
+                            continue
+                        next_tokens[b, alive] = tokens[b * k + beam]
+                        chosen[b, alive] = token
+                        next_scores[b, alive] = score
+                        alive += 1
+                    if not done[b] and len(ended[b]) >= k:
+                        # done when no open beam can still beat the k-th best ending (exact for length_penalty 0,
+                        # where scores only fall; the usual heuristic otherwise)
+                        worst = sorted((norm(lp, n) for _, lp, n in ended[b]), reverse=True)[k - 1]
+                        best_open = float(next_scores[b].max())
+                        done[b] = best_open == float("-inf") or norm(best_open, step + 1) <= worst
+                tokens = torch.cat([next_tokens.view(batch * k, -1), chosen.view(-1, 1)], dim=1)
+                scores = next_scores
+                if all(done):
+                    break
+    finally:
+        model.train(was_training)
+    out = []
+    for b in range(batch):
+        pool = list(ended[b])
+        if not done[b]:  # open beams after max_len tokens count as they stand
+            for j in range(k):
+                if scores[b, j] > float("-inf"):
+                    pool.append((tokens[b * k + j, PREFIX_LENGTH:].tolist(), float(scores[b, j]),
+                                 tokens.shape[1] - PREFIX_LENGTH))
+        best: dict[str, float] = {}
+        for ids, logp, length in pool:
+            caption = vocab.decode(ids)
+            value = norm(logp, length)
+            if caption not in best or value > best[caption]:
+                best[caption] = value
+        out.append(sorted(best.items(), key=lambda item: -item[1])[:k])
+    return out
+
+
 def save_captioner(model: Captioner, directory: str | Path) -> Path:
     """Write ``captioner.json`` (kind, feature_dim, hparams), ``vocab.json`` and ``model.safetensors``."""
     directory = Path(directory)

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from models.captioners import (CaptionVocab, NICCaptioner, TransformerCaptioner, build_captioner, greedy_decode,
-                               load_captioner, save_captioner, style_token, teacher_forcing_loss)
+from models.captioners import (CaptionVocab, NICCaptioner, TransformerCaptioner, beam_decode, build_captioner,
+                               greedy_decode, load_captioner, save_captioner, style_token, teacher_forcing_loss)
 
 torch.set_num_threads(1)
 
@@ -125,6 +125,52 @@ def test_greedy_decode_batch_and_modes(kind: str, vocab: CaptionVocab) -> None:
         greedy_decode(model, torch.randn(3, 8), ["humor", "romantic"])
     with pytest.raises(ValueError, match="unknown style"):
         greedy_decode(model, torch.randn(1, 8), "sad")
+
+
+def fitted(kind: str, vocab: CaptionVocab) -> tuple[torch.nn.Module, torch.Tensor]:
+    """A tiny captioner fitted to write CAPTIONS[i] (humor) for image i, so beams end in real words."""
+    model = tiny(kind, vocab)
+    features = torch.eye(4, 8)
+    tokens = vocab.encode_batch(CAPTIONS, ["humor"] * 4)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.02)
+    for _ in range(300):
+        optimizer.zero_grad()
+        teacher_forcing_loss(model, features, tokens, vocab.pad_id).backward()
+        optimizer.step()
+    return model.eval(), features
+
+
+@pytest.mark.parametrize("kind", ["nic", "transformer"])
+def test_beam_decode_scores_are_the_model_log_probabilities(kind: str, vocab: CaptionVocab) -> None:
+    model, features = fitted(kind, vocab)
+    beams = beam_decode(model, features, "humor", beam_size=3, max_len=10, length_penalty=0.0)
+    assert [b[0][0] for b in beams] == [" ".join(c.lower().rstrip(".").split()) for c in CAPTIONS]
+    assert [b[0][0] for b in beams] == greedy_decode(model, features, "humor", max_len=10)
+    for i, candidates in enumerate(beams):
+        assert 1 < len(candidates) <= 3 and len({c for c, _ in candidates}) == len(candidates)
+        scores = [s for _, s in candidates]
+        assert scores == sorted(scores, reverse=True) and all(s <= 0 for s in scores)
+        for caption, score in candidates:  # the sum of log p(token) up to and including <eos>
+            tokens = vocab.encode_batch([caption], ["humor"])
+            with torch.no_grad():
+                logp = torch.log_softmax(model(features[i:i + 1], tokens[:, :-1]), dim=-1)[0]
+            summed = sum(logp[t, tokens[0, t + 1]].item() for t in range(1, tokens.shape[1] - 1))
+            assert score == pytest.approx(summed, abs=1e-3)  # float32 sums
+    normalised = beam_decode(model, features[:1], "humor", beam_size=3, max_len=10, length_penalty=1.0)[0]
+    assert normalised[0][1] == pytest.approx(beams[0][0][1] / (len(beams[0][0][0].split()) + 1), abs=1e-3)
+
+
+@pytest.mark.parametrize("kind", ["nic", "transformer"])
+def test_beam_of_one_is_greedy_and_bad_arguments_fail(kind: str, vocab: CaptionVocab) -> None:
+    model = tiny(kind, vocab).train()
+    features = torch.randn(3, 8)
+    greedy = greedy_decode(model, features, ["humor", "romantic", "humor"], max_len=6)
+    beams = beam_decode(model, features, ["humor", "romantic", "humor"], beam_size=1, max_len=6)
+    assert [b[0][0] for b in beams] == greedy and model.training
+    with pytest.raises(ValueError, match="beam_size must be an integer >= 1"):
+        beam_decode(model, features, "humor", beam_size=0)
+    with pytest.raises(ValueError, match="2 styles for 3 images"):
+        beam_decode(model, features, ["humor", "romantic"])
 
 
 def test_transformer_decode_length_limit(vocab: CaptionVocab) -> None:
