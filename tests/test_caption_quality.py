@@ -5,6 +5,7 @@ three filters."""
 from __future__ import annotations
 
 import pandas as pd
+import numpy as np
 import pytest
 
 from models.augment_filters import apply_filters, pass_rates
@@ -70,3 +71,6 @@ def test_content_similarity_separates_a_merge_from_an_unrelated_caption():
     sims = content_similarity(encoder, ["a man in love riding a horse on the beach", "a stupid computer on a desk"],
                               factual, batch_size=8)
     assert sims[0] > 0.8 > 0.6 > sims[1]
+    # nothing generated (no style word to place): NaN, which the content filter fails; the others are still scored
+    again = content_similarity(encoder, ["", "a man in love riding a horse on the beach"], factual, batch_size=8)
+    assert np.isnan(again[0]) and again[1] == pytest.approx(sims[0], abs=1e-5)

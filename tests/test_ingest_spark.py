@@ -6,6 +6,7 @@ import json
 
 import mlflow
 import pytest
+from pyspark.sql import types as T
 
 from jobs.ingest import ingest
 from jobs.sample import PLANTED_BAD_ROWS
@@ -114,3 +115,25 @@ def test_cli_rejects_bad_conf(capsys):
         main(["ingest", "--conf", "test", "--set", "extract.eps=2"])
     assert exit_info.value.code == 2
     assert "key 'extract.eps'" in capsys.readouterr().err
+
+
+def test_a_table_from_an_older_version_gains_the_new_columns(spark, fresh_cfg):
+    """A later session finds a Delta table written by an older version (a column short): it is registered as it is
+    and gets the new nullable column; its rows survive and read NULL there."""
+    from jobs.tables import ensure_table, table_location
+
+    get_spark(fresh_cfg)
+    name, location = table_name(fresh_cfg, "augmented_captions"), table_location(fresh_cfg, "augmented_captions")
+    spark.sql(f"DROP TABLE {name}")  # external (LOCATION): the catalog entry goes, as in a new session
+    older = T.StructType([f for f in TABLES["augmented_captions"].schema.fields if f.name != "transfer_phrase"])
+    row = {f.name: None for f in older.fields}
+    row.update(query_id="q1", image_id="coco:1", factual_caption="a dog", scene_id="s1", retrieval_type="t2t",
+               style="positive", style_phrase="nice", generated_caption="a nice dog", similarity=0.9,
+               passed_style=True, passed_perplexity=True, passed_similarity=True, passed=True, generator_version="g1",
+               run_id="r1", created_at=dt.datetime(2026, 1, 1))
+    (spark.createDataFrame([tuple(row[f.name] for f in older.fields)], older).write.format("delta")
+     .mode("overwrite").option("overwriteSchema", "true").save(location))
+    assert ensure_table(spark, fresh_cfg, "augmented_captions") == name
+    out = spark.table(name).collect()
+    assert "transfer_phrase" in spark.table(name).columns
+    assert [(r.query_id, r.generated_caption, r.transfer_phrase) for r in out] == [("q1", "a nice dog", None)]

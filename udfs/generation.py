@@ -19,7 +19,7 @@ from udfs.runtime import cached_caption_scoring, cached_model, limit_threads, re
 
 SCORED_COLUMNS = ["predicted_style", "style_probability", "perplexity", "content_similarity", "passed_style",
                   "passed_perplexity", "passed_similarity", "passed_content", "passed_well_formed", "passed",
-                  "reject_reason"]
+                  "reject_reason", "factual_relatedness", "generated_relatedness", "passed_visual"]
 
 
 def transfer_phrases(frame: pd.DataFrame, propensity_path: str | None) -> list[str]:
@@ -76,21 +76,28 @@ def load_vocabulary(path: str | None) -> frozenset[str]:
 
 
 def content_similarity(encoder, generated: list[str], factual: list[str], batch_size: int) -> np.ndarray:
-    """Cosine between each generated caption and its factual caption under the (L2-normalised) sentence encoder."""
-    a = encoder.encode_texts([g or "" for g in generated], batch_size=batch_size)
-    b = encoder.encode_texts(factual, batch_size=batch_size)
-    return (np.asarray(a, dtype=np.float64) * np.asarray(b, dtype=np.float64)).sum(axis=1)
+    """Cosine between each generated caption and its factual caption under the (L2-normalised) sentence encoder;
+    NaN where nothing was generated (an empty caption: the content filter fails it)."""
+    out = np.full(len(generated), np.nan)
+    rows = [i for i, g in enumerate(generated) if isinstance(g, str) and g.strip()]
+    if rows:
+        a = encoder.encode_texts([generated[i] for i in rows], batch_size=batch_size)
+        b = encoder.encode_texts([factual[i] for i in rows], batch_size=batch_size)
+        out[rows] = (np.asarray(a, dtype=np.float64) * np.asarray(b, dtype=np.float64)).sum(axis=1)
+    return out
 
 
 def score_candidates(frame: pd.DataFrame, classifiers, lms, encoder, vocabulary: frozenset[str], filters: dict,
-                     batch_size: int) -> pd.DataFrame:
+                     batch_size: int, relatedness_scorer=None) -> pd.DataFrame:
     """Scores and every filter verdict for generated captions (pure pandas + models).
 
     ``filters``: ``ppl_max``, ``min_similarity``, ``min_content_similarity`` and ``well_formed`` (bool), as in
     ``generate.filters``. A word of the generated caption is known if it is in ``vocabulary`` or in the candidate's
     own factual caption or style phrase. The perplexity of a caption is taken with the background folds that do not
     hold its factual caption's image. A candidate whose transfer phrase is empty fails with reason
-    ``no_style_words``."""
+    ``no_style_words``. With a ``relatedness_scorer`` (:mod:`udfs.visual_relatedness`), the factual and the generated
+    caption's visual relatedness to the image's ``tags`` (NaN without them) are kept, and ``filters``'s
+    ``max_relatedness_drop`` (None: off) judges them."""
     from models.augment_filters import apply_filters
     from models.caption_quality import well_formedness
     from models.caption_scoring import score_captions
@@ -107,13 +114,20 @@ def score_candidates(frame: pd.DataFrame, classifiers, lms, encoder, vocabulary:
     for column in scores.columns:
         out[column] = scores[column].to_numpy()
     out["content_similarity"] = content_similarity(encoder, texts, frame["factual_caption"].tolist(), batch_size)
+    out["factual_relatedness"] = out["generated_relatedness"] = np.nan
+    if relatedness_scorer is not None:
+        from udfs.visual_relatedness import relatedness
+
+        out["factual_relatedness"] = relatedness(relatedness_scorer, frame, frame["factual_caption"].tolist())
+        out["generated_relatedness"] = relatedness(relatedness_scorer, frame, texts)
     out["well_formed_reason"] = [
         well_formedness(text, vocabulary, caption_words(fact) + caption_words(phrase))
         for text, fact, phrase in zip(texts, frame["factual_caption"], frame["style_phrase"])]
     verdicts = apply_filters(out.rename(columns={"style": "target_style"}), ppl_max=filters["ppl_max"],
                              min_similarity=filters["min_similarity"],
                              min_content_similarity=filters["min_content_similarity"],
-                             well_formed=bool(filters["well_formed"]))
+                             well_formed=bool(filters["well_formed"]),
+                             max_relatedness_drop=filters.get("max_relatedness_drop"))
     if "transfer_phrase" in verdicts.columns:
         empty = (verdicts["transfer_phrase"].fillna("") == "").to_numpy()
         verdicts.loc[empty, "passed"] = False
@@ -122,9 +136,10 @@ def score_candidates(frame: pd.DataFrame, classifiers, lms, encoder, vocabulary:
 
 
 def make_candidate_scorer(classifiers_path: str, lm_path: str, vocabulary_path: str | None, encoder_name: str,
-                          filters: dict, batch_size: int,
-                          device: str) -> Callable[[Iterator[pd.DataFrame]], Iterator[pd.DataFrame]]:
-    """mapInPandas: generated candidates -> the same plus :data:`SCORED_COLUMNS`."""
+                          filters: dict, batch_size: int, device: str,
+                          visual: dict | None = None) -> Callable[[Iterator[pd.DataFrame]], Iterator[pd.DataFrame]]:
+    """mapInPandas: generated candidates -> the same plus :data:`SCORED_COLUMNS`; ``visual``
+    (:func:`udfs.visual_relatedness.visual_options`) scores visual relatedness where the rows carry ``tags``."""
 
     def score_batches(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         from models.encoders import SentenceEncoder
@@ -134,8 +149,13 @@ def make_candidate_scorer(classifiers_path: str, lm_path: str, vocabulary_path: 
         classifiers, lms = cached_caption_scoring(classifiers_path, lm_path, dev)
         encoder = cached_model(("sentence_encoder", encoder_name, dev), lambda: SentenceEncoder(encoder_name, dev))
         vocabulary = cached_model(("vocabulary", vocabulary_path), lambda: load_vocabulary(vocabulary_path))
+        scorer = None
+        if visual is not None:
+            from udfs.visual_relatedness import cached_relatedness_scorer
+
+            scorer = cached_relatedness_scorer(visual, dev)
         for frame in frames:
             if not frame.empty:
-                yield score_candidates(frame, classifiers, lms, encoder, vocabulary, filters, batch_size)
+                yield score_candidates(frame, classifiers, lms, encoder, vocabulary, filters, batch_size, scorer)
 
     return score_batches
