@@ -117,7 +117,8 @@ def ingest(spark: SparkSession, cfg: ErgConfig, sources: list[IngestSource] | No
         for table, frame in frames.items():
             df = _to_spark(spark, frame, table, run.info.run_id, now)
             stats = merge_rows(spark, cfg, table, df,
-                               fill_nulls=("uri", "tags", "descriptions", "width", "height") if table == "images" else ())
+                               fill_nulls=("uri", "tags", "descriptions", "width", "height", "tags_confidence")
+                               if table == "images" else ())
             counts[f"{table}.kept"] = len(frame)
             counts[f"{table}.inserted"] = stats["inserted"]
             if table == "stylized_captions":

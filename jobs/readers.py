@@ -12,8 +12,10 @@ silently. Formats (as published):
 - ``flickr30k_tokens``: ``<image>.jpg#<k>\\t<caption>`` (results_20130124.token)
 - ``coco_captions``: MSCOCO ``captions_*.json`` with ``images`` and ``annotations``
 - ``coco_karpathy_refs``: a folder with ``image_ID.txt`` (filename\\tcoco id) and ``karpathy-refs-<k>.txt``
-  (line i = reference k of image i), optionally ``visual-context_label.txt`` (object tags per image)
-- ``image_manifest``: JSON lines ``{"image_id", "uri", "tags", "width", "height"}`` (the generated sample);
+  (line i = reference k of image i), optionally ``visual-context_label.txt`` (object tags per image) and beside it
+  ``visual-context.txt`` (the label classifier's mean confidence in them, a number in [0, 1] per image)
+- ``image_manifest``: JSON lines ``{"image_id", "uri", "tags", "width", "height"}`` and optionally
+  ``"tags_confidence"`` (the generated sample);
   a relative uri is taken relative to the manifest's folder
 
 **Every record accounted for.** A record is one caption (a line of a text format, a sentence or annotation of a
@@ -69,7 +71,7 @@ from models.text import normalize_caption
 
 STYLIZED_COLUMNS = ["scene_id", "image_id", "image_uri", "caption", "style", "split", "source", "source_key"]
 FACTUAL_COLUMNS = ["caption_id", "image_id", "image_uri", "caption", "source", "split"]
-IMAGE_COLUMNS = ["image_id", "uri", "tags", "descriptions", "width", "height", "source"]
+IMAGE_COLUMNS = ["image_id", "uri", "tags", "descriptions", "width", "height", "source", "tags_confidence"]
 QUARANTINE_COLUMNS = ["quarantine_id", "source", "source_file", "line_no", "raw", "reason"]
 SPLITS = ("train", "val", "test")
 #: a longer "caption" is a broken file (e.g. lines run together), not a caption; the real corpora's longest is 487
@@ -637,6 +639,8 @@ class Reader:
                     tags.append(None)
                 else:
                     tags.append(line.text.strip() or None)
+        confidences = self._tag_confidences(out, source, tags_file.parent / "visual-context.txt", ids_file, len(ids),
+                                            encoding, on_misaligned)
         for ref_file in ref_files:
             k = ref_file.stem.rsplit("-", 1)[-1]
             lines, blank = trailing_blank(read_lines(ref_file, encoding, "Karpathy reference file"))
@@ -663,10 +667,35 @@ class Reader:
                            unpaired_reason(ids_file, ref_file, len(ids), len(lines)))
             self._trailing(out, source, ref_file, blank)
         tagged = [{"image_id": image_id, "uri": _uri(image_root, name), "tags": tags[i], "width": None,
-                   "height": None, "source": source}
+                   "height": None, "source": source, "tags_confidence": confidences[i] if i < len(confidences) else None}
                   for i, (name, image_id, _) in enumerate(ids) if image_id and i < len(tags) and tags[i]]
         out.images = tagged + out.images
         return out
+
+    @staticmethod
+    def _tag_confidences(out: ReadResult, source: str, path: Path, ids_file: Path, n_ids: int, encoding: str,
+                         on_misaligned: str) -> list[float | None]:
+        """``visual-context.txt`` beside the labels: the label classifier's confidence per image, line by line with
+        ``image_ID.txt`` ([] when absent). A line that is not a number in [0, 1] is quarantined (the image keeps its
+        labels, with no confidence)."""
+        if not path.exists():
+            return []
+        lines, _ = trailing_blank(read_lines(path, encoding, "visual context confidences"))
+        paired = check_paired(path, len(lines), ids_file, n_ids, on_misaligned)
+        values: list[float | None] = []
+        for line in lines:
+            try:
+                value = float(line.text) if line.text is not None and line.no <= paired.n else None
+            except ValueError:
+                value = None
+            if value is None or not 0.0 <= value <= 1.0:  # NaN fails too
+                out.read += 1
+                out.reject(source, str(path), line.no, line.text if line.text is not None else line.raw,
+                           unpaired_reason(path, ids_file, len(lines), n_ids) if line.no > paired.n
+                           else "bad visual context confidence (not a number in [0, 1])")
+                value = None
+            values.append(value)
+        return values
 
     def image_manifest(self, path: Path, *, source: str = "sample", **_: object) -> ReadResult:
         out = ReadResult()
@@ -689,8 +718,12 @@ class Reader:
             if not isinstance(image_id, str) or not image_id.strip() or _CONTROL.search(image_id):
                 out.reject(source, str(path), line.no, line.text, "missing image id")
                 continue
+            confidence = rec.get("tags_confidence")
             bad = [k for k, ok in (("uri", uri is None or isinstance(uri, str)),
                                    ("tags", tags is None or isinstance(tags, str)),
+                                   ("tags_confidence", confidence is None or (
+                                       isinstance(confidence, (int, float)) and not isinstance(confidence, bool)
+                                       and 0 <= confidence <= 1)),
                                    *((k, rec.get(k) is None or (isinstance(rec.get(k), int)
                                                                 and not isinstance(rec.get(k), bool)
                                                                 and 0 <= rec.get(k) < 2 ** 31))
@@ -707,7 +740,8 @@ class Reader:
             if uri and "://" not in uri and not uri.startswith("/"):  # relative to the manifest's folder
                 uri = str(path.parent / uri)
             out.images.append({"image_id": image_id, "uri": uri, "tags": tags, "width": rec.get("width"),
-                               "height": rec.get("height"), "source": source, RECORD: True})
+                               "height": rec.get("height"), "source": source, RECORD: True,
+                               "tags_confidence": None if confidence is None else float(confidence)})
         self._trailing(out, source, path, blank)
         return out
 

@@ -43,9 +43,11 @@ TABLES: dict[str, TableSpec] = {spec.name: spec for spec in [
     TableSpec("images", ("image_id",), _schema(
         ("image_id", _S, False), ("uri", _S, True), ("tags", _S, True), ("region_features", T.BinaryType(), True),
         ("n_regions", _I, True), ("width", _I, True), ("height", _I, True), ("source", _S, False),
-        ("ingest_time", _TS, False), ("run_id", _S, True), ("descriptions", T.ArrayType(_S), True)),
-        "one image: uri, visual context (object tags; descriptions = factual captions of a stylized image, which "
-        "are not part of P), optional region features (float32 [n_regions, 2054])"),
+        ("ingest_time", _TS, False), ("run_id", _S, True), ("descriptions", T.ArrayType(_S), True),
+        ("tags_confidence", _D, True)),
+        "one image: uri, visual context (object tags with the label classifier's mean confidence in them; "
+        "descriptions = factual captions of a stylized image, which are not part of P), optional region features "
+        "(float32 [n_regions, 2054])"),
     TableSpec("quarantine", ("quarantine_id",), _schema(
         ("quarantine_id", _S, False), ("source", _S, False), ("source_file", _S, True), ("line_no", _L, True),
         ("raw", _S, True), ("reason", _S, False), ("quarantined_at", _TS, False), ("run_id", _S, True)),

@@ -144,3 +144,38 @@ def test_real_karpathy_refs_with_visual_context():
     images = res.frames()["images"]
     assert len(images) == 5000
     assert images.set_index("image_id").loc["coco:42", "tags"] == "standard poodle shopping cart footwear"
+    # the label classifier's confidence rides beside the labels (textual_visual_context/visual-context.txt)
+    confidence = images.set_index("image_id")["tags_confidence"]
+    assert confidence["coco:42"] == pytest.approx(0.1427611233) and confidence["coco:359"] == pytest.approx(0.306412897)
+    assert confidence.notna().all() and confidence.between(0, 1 / 3 + 1e-6).all()  # mean of 3 softmax probabilities
+
+
+def test_karpathy_tag_confidences_and_a_bad_one_quarantined(tmp_path, reader):
+    folder = tmp_path / "karpathy"
+    folder.mkdir()
+    (folder / "image_ID.txt").write_text("".join(f"COCO_val2014_{40 + i:012d}.jpg\t{40 + i}\n" for i in range(3)))
+    (folder / "karpathy-refs-1.txt").write_text("a dog on grass\na cat on a sofa\na man on a bike\n")
+    (folder / "visual-context_label.txt").write_text("dog lawn\ntabby couch\nbicycle person\n")
+    (folder / "visual-context.txt").write_text("0.25\nlots\n0.3\n")
+    res = reader.read("coco_karpathy_refs", folder)
+    images = res.frames()["images"].set_index("image_id")
+    assert images.loc["coco:40", "tags_confidence"] == 0.25 and images.loc["coco:42", "tags_confidence"] == 0.3
+    assert images.loc["coco:41", "tags"] == "tabby couch" and images["tags_confidence"].isna().sum() == 1
+    assert [(q["line_no"], q["reason"]) for q in res.quarantine] == [
+        (2, "bad visual context confidence (not a number in [0, 1])")]
+    assert res.counts()["unaccounted"] == 0
+    (folder / "visual-context.txt").write_text("0.25\n0.2\n")  # one line short: an error naming both files
+    with pytest.raises(InputFileError, match="visual-context.txt has 2 lines but .*image_ID.txt has 3"):
+        reader.read("coco_karpathy_refs", folder)
+    (folder / "visual-context.txt").unlink()  # no confidences: labels alone
+    assert reader.read("coco_karpathy_refs", folder).frames()["images"]["tags_confidence"].isna().all()
+
+
+def test_manifest_tag_confidence(tmp_path, reader):
+    path = tmp_path / "images.jsonl"
+    path.write_text(json.dumps({"image_id": "a", "tags": "dog", "tags_confidence": 0.4}) + "\n"
+                    + json.dumps({"image_id": "b", "tags": "cat", "tags_confidence": 1.5}) + "\n"
+                    + json.dumps({"image_id": "c", "tags": "cow"}) + "\n")
+    res = reader.read("image_manifest", path)
+    assert [(r["image_id"], r["tags_confidence"]) for r in res.images] == [("a", 0.4), ("c", None)]
+    assert res.quarantine[0]["reason"] == "malformed record (wrong type: tags_confidence)"
