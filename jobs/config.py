@@ -266,6 +266,22 @@ class FilterConf(_Section):
         "between the generated and the factual caption is > this")
     well_formed: bool = Field(True, description="well-formedness (beyond the paper): reject captions with a "
                               "non-word (outside the corpora's vocabulary) or a repeated word trigram")
+    max_relatedness_drop: Optional[float] = Field(
+        0.15, ge=0, le=1, description="visual relatedness (beyond the paper): where the factual image has visual "
+        "context (images.tags), reject a generated caption whose relatedness to it falls more than this below the "
+        "factual caption's; null = off (both scores are still kept). 0.15: 96% of one human reference's drop to "
+        "another of the same image pass, 74% of a caption of another image fail "
+        "(benchmarks/results/visual_relatedness.json)")
+
+
+class VisualRelatednessConf(_Section):
+    """How a caption's relatedness to its image's textual visual context is scored (models.visual_relatedness)."""
+    encoder: str = Field("all-MiniLM-L6-v2", description="sentence encoder (name or path) whose cosine between a "
+                         "caption and the image's labels is raised to the labels' confidence")
+    label_mode: Literal["joint", "per_label"] = Field(
+        "joint", description="joint: one cosine to the labels joined into one text (the seed's method); per_label: "
+        "one per label, each to its own confidence, averaged (needs labels as a list)")
+    top_labels: int = Field(3, ge=1, description="the most confident labels used (the seed's data has 3)")
 
 
 class GenerateConf(_Section):
@@ -356,6 +372,7 @@ class ErgConfig(_Section):
     generate: GenerateConf = Field(default_factory=GenerateConf)
     train: TrainConf = Field(default_factory=TrainConf)
     evaluate: EvaluateConf = Field(default_factory=EvaluateConf)
+    visual_relatedness: VisualRelatednessConf = Field(default_factory=VisualRelatednessConf)
 
     @field_validator("styles")
     @classmethod

@@ -26,17 +26,20 @@ from jobs.model_store import get_current, log_transformers_model, model_dir, req
 from jobs.tables import TABLES, merge_rows, read_table
 from jobs.tracking import StepLogger, job_run, log_counts
 from udfs.generation import SCORED_COLUMNS, make_candidate_scorer, make_generator
+from udfs.visual_relatedness import visual_options
 
 CANDIDATE_COLUMNS = ["query_id", "image_id", "image_uri", "factual_caption", "scene_id", "retrieval_type", "style",
                      "style_phrase", "similarity"]
 
 
 PHRASE_COLUMNS = ["phrase_tokens", "phrase_mask"]  # the retrieved scene's caption words and its phrase mask
+VISUAL_CONTEXT_COLUMNS = ["tags", "tags_confidence"]  # the factual image's labels and confidence (images)
 
 
 def _ddl(columns: list[str]) -> T.StructType:
     fields = {f.name: f.dataType for f in TABLES["augmented_captions"].schema.fields}
     fields.update({"phrase_tokens": T.ArrayType(T.StringType()), "phrase_mask": T.ArrayType(T.BooleanType())})
+    fields.update({"tags": T.StringType(), "tags_confidence": T.DoubleType()})
     return T.StructType([T.StructField(c, fields[c], True) for c in columns])
 
 
@@ -244,7 +247,8 @@ def candidates(spark: SparkSession, cfg: ErgConfig, generator_version: str):
     done = read_table(spark, cfg, "augmented_captions").filter(F.col("generator_version") == generator_version)
     cand = cand.join(done.select("query_id", "scene_id", "retrieval_type"), ["query_id", "scene_id", "retrieval_type"],
                      "left_anti")
-    return cand.select(*CANDIDATE_COLUMNS, *PHRASE_COLUMNS)
+    visual = read_table(spark, cfg, "images").select("image_id", *VISUAL_CONTEXT_COLUMNS)
+    return cand.join(visual, "image_id", "left").select(*CANDIDATE_COLUMNS, *PHRASE_COLUMNS, *VISUAL_CONTEXT_COLUMNS)
 
 
 def decoding_options(cfg: ErgConfig) -> dict:
@@ -259,7 +263,8 @@ def decoding_options(cfg: ErgConfig) -> dict:
 def filter_options(cfg: ErgConfig) -> dict:
     f = cfg.generate.filters
     return {"ppl_max": f.ppl_max, "min_similarity": f.min_similarity,
-            "min_content_similarity": f.min_content_similarity, "well_formed": f.well_formed}
+            "min_content_similarity": f.min_content_similarity, "well_formed": f.well_formed,
+            "max_relatedness_drop": f.max_relatedness_drop}
 
 
 def content_encoder_name(cfg: ErgConfig) -> str:
@@ -277,11 +282,13 @@ def apply_generator(spark: SparkSession, cfg: ErgConfig, cand: DataFrame, n_cand
     generated = cand.repartition(partitions, "query_id").mapInPandas(
         make_generator(current["path"], current["kind"], decoding_options(cfg), gc.device, current["max_source_len"],
                        current["max_target_len"], current.get("propensity_path")),
-        _ddl(CANDIDATE_COLUMNS + ["transfer_phrase", "generated_caption"]))
+        _ddl(CANDIDATE_COLUMNS + VISUAL_CONTEXT_COLUMNS + ["transfer_phrase", "generated_caption"]))
+    vr = cfg.visual_relatedness
     return generated.mapInPandas(
         make_candidate_scorer(classifiers["path"], current["lm_path"], current.get("vocabulary_path"),
-                              content_encoder_name(cfg), filter_options(cfg), cfg.extract.batch_size, gc.device),
-        _ddl(CANDIDATE_COLUMNS + ["transfer_phrase", "generated_caption"] + SCORED_COLUMNS))
+                              content_encoder_name(cfg), filter_options(cfg), cfg.extract.batch_size, gc.device,
+                              visual_options(vr.encoder, vr.label_mode, vr.top_labels, cfg.extract.batch_size)),
+        _ddl(CANDIDATE_COLUMNS + VISUAL_CONTEXT_COLUMNS + ["transfer_phrase", "generated_caption"] + SCORED_COLUMNS))
 
 
 # ---------------------------------------------------------------------------------------------------- report

@@ -12,6 +12,12 @@ Beyond the paper, two filters catch fluent-looking nonsense that the three above
   ``> min_content_similarity`` (the generated caption still describes the factual scene);
 - ``well_formed``: no non-word and no repeated word trigram (``well_formed_reason`` is None,
   see :func:`models.caption_quality.well_formedness`).
+
+And, where the factual image has textual visual context (object labels with the label classifier's confidence):
+- ``visual``: the generated caption's visual relatedness (:mod:`models.visual_relatedness`) is not below the factual
+  caption's by more than ``max_relatedness_drop``: ``generated_relatedness >= factual_relatedness - margin``. A row
+  whose ``factual_relatedness`` is NaN (no visual context) passes: there is nothing to drift from; a row with a
+  factual score and a NaN generated score fails.
 Each applies when its threshold / switch is given. A missing value (NaN / None) fails its filter. Thresholds are
 always passed in; the paper's values are ``PAPER_PPL_MAX`` and ``PAPER_MIN_SIMILARITY``.
 """
@@ -26,7 +32,7 @@ import pandas as pd
 PAPER_PPL_MAX = 80.0
 PAPER_MIN_SIMILARITY = 0.6
 INPUT_COLUMNS = ("target_style", "predicted_style", "perplexity", "similarity")
-FILTERS = ("style", "perplexity", "similarity", "content", "well_formed")
+FILTERS = ("style", "perplexity", "similarity", "content", "well_formed", "visual")
 VERDICT_COLUMNS = tuple(f"passed_{f}" for f in FILTERS) + ("passed",)
 
 
@@ -44,13 +50,15 @@ def _numeric(df: pd.DataFrame, column: str) -> pd.Series:
 
 
 def apply_filters(df: pd.DataFrame, ppl_max: float, min_similarity: float,
-                  min_content_similarity: float | None = None, well_formed: bool = False) -> pd.DataFrame:
+                  min_content_similarity: float | None = None, well_formed: bool = False,
+                  max_relatedness_drop: float | None = None) -> pd.DataFrame:
     """A copy of ``df`` with ``passed_<filter>`` for every filter, ``passed`` (bool) and ``reject_reason`` (None if
     passed, else the failed filters joined by ',', e.g. "style,perplexity"; a malformed caption's reason says why,
     e.g. "well_formed:nonword:keyain").
 
     ``min_content_similarity`` (needs column ``content_similarity``) and ``well_formed`` (needs column
-    ``well_formed_reason``) switch the two filters beyond the paper on; a filter that is off passes every row."""
+    ``well_formed_reason``) switch the two filters beyond the paper on, ``max_relatedness_drop`` (needs columns
+    ``factual_relatedness`` and ``generated_relatedness``) the visual one; a filter that is off passes every row."""
     _require_columns(df, INPUT_COLUMNS)
     thresholds = [("ppl_max", ppl_max), ("min_similarity", min_similarity)]
     if min_content_similarity is not None:
@@ -58,6 +66,9 @@ def apply_filters(df: pd.DataFrame, ppl_max: float, min_similarity: float,
         _require_columns(df, ["content_similarity"], hint="; the content filter needs it")
     if well_formed:
         _require_columns(df, ["well_formed_reason"], hint="; the well-formedness filter needs it")
+    if max_relatedness_drop is not None:
+        thresholds.append(("max_relatedness_drop", max_relatedness_drop))
+        _require_columns(df, ["factual_relatedness", "generated_relatedness"], hint="; the visual filter needs them")
     for name, value in thresholds:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise ValueError(f"{name} must be a finite number, got {value!r}")
@@ -70,6 +81,8 @@ def apply_filters(df: pd.DataFrame, ppl_max: float, min_similarity: float,
         "content": (_numeric(out, "content_similarity") > min_content_similarity
                     if min_content_similarity is not None else pd.Series(True, index=out.index)),
         "well_formed": (out["well_formed_reason"].isna() if well_formed else pd.Series(True, index=out.index)),
+        "visual": (_visual_verdict(out, max_relatedness_drop) if max_relatedness_drop is not None
+                   else pd.Series(True, index=out.index)),
     }
     for name, passed in verdicts.items():
         out[f"passed_{name}"] = passed.fillna(False).astype(bool).to_numpy()
@@ -83,6 +96,13 @@ def apply_filters(df: pd.DataFrame, ppl_max: float, min_similarity: float,
 
     out["reject_reason"] = [reason(row, why) for row, why in zip(failed, detail)]
     return out
+
+
+def _visual_verdict(df: pd.DataFrame, margin: float) -> pd.Series:
+    """Pass where the image has no visual context (factual score NaN) or the generated caption's relatedness is at
+    least the factual caption's minus ``margin``."""
+    factual, generated = _numeric(df, "factual_relatedness"), _numeric(df, "generated_relatedness")
+    return factual.isna() | (generated >= factual - margin - 1e-12)
 
 
 def pass_rates(df: pd.DataFrame, by: Sequence[str] | None = ("target_style",)) -> pd.DataFrame:

@@ -109,3 +109,25 @@ def test_bad_input_is_rejected():
         pass_rates(df)
     with pytest.raises(ValueError, match=r"lacks column\(s\) \['scene'\]"):
         pass_rates(apply_filters(df, ppl_max=80, min_similarity=0.6), by=["scene"])
+
+
+def test_visual_filter_margin_and_rows_without_visual_context():
+    df = pd.DataFrame({
+        "target_style": ["humor"] * 5, "predicted_style": ["humor"] * 5, "perplexity": [10.0] * 5,
+        "similarity": [0.9] * 5,
+        "factual_relatedness": [0.80, 0.80, 0.80, np.nan, 0.70],
+        "generated_relatedness": [0.66, 0.64, 0.95, 0.10, np.nan],
+    })
+    out = apply_filters(df, ppl_max=80, min_similarity=0.6, max_relatedness_drop=0.15)
+    # 0.14 below: passes; 0.16 below: drift; higher: passes; no visual context: passes; no generated score: fails
+    assert out["passed_visual"].tolist() == [True, False, True, True, False]
+    assert out["reject_reason"].tolist() == [None, "visual", None, None, "visual"]
+    off = apply_filters(df, ppl_max=80, min_similarity=0.6)
+    assert off["passed_visual"].all() and off["passed"].all()
+    rates = pass_rates(out, by=None)
+    assert rates["pass_rate_visual"].iloc[0] == pytest.approx(0.6)
+    with pytest.raises(ValueError, match="the visual filter needs them"):
+        apply_filters(df.drop(columns="generated_relatedness"), ppl_max=80, min_similarity=0.6,
+                      max_relatedness_drop=0.1)
+    with pytest.raises(ValueError, match="max_relatedness_drop must be a finite number"):
+        apply_filters(df, ppl_max=80, min_similarity=0.6, max_relatedness_drop=float("nan"))

@@ -46,11 +46,23 @@ def test_overrides_parse_yaml_scalars():
     ("styles=[Humor]", "styles", "lower-case"),
     ("styles=[factual, humor]", "(top level)", "must not also be one of styles"),
     ("tables.schema=1bad-name", "tables.schema", "SQL identifier"),
+    ("generate.filters.max_relatedness_drop=1.5", "generate.filters.max_relatedness_drop", "less than or equal to 1"),
+    ("visual_relatedness.label_mode=mean", "visual_relatedness.label_mode", "'joint' or 'per_label'"),
+    ("visual_relatedness.top_labels=0", "visual_relatedness.top_labels", "greater than or equal to 1"),
 ])
 def test_bad_value_names_key_and_allowed(override, key, allowed):
     with pytest.raises(ConfigError) as err:
         load_config("test", [override])
     assert f"'{key}'" in str(err.value) and allowed in str(err.value)
+
+
+def test_visual_relatedness_defaults_and_off_switch():
+    cfg = load_config("test")
+    assert cfg.generate.filters.max_relatedness_drop == 0.15
+    assert (cfg.visual_relatedness.encoder, cfg.visual_relatedness.label_mode, cfg.visual_relatedness.top_labels) == (
+        "all-MiniLM-L6-v2", "joint", 3)
+    assert load_config("test", ["generate.filters.max_relatedness_drop=null"]).generate.filters.max_relatedness_drop \
+        is None
 
 
 def test_unknown_key_lists_allowed_keys():
