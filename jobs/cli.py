@@ -95,6 +95,17 @@ def cmd_evaluate(cfg, args) -> dict:
     return evaluate(get_spark(cfg), cfg)
 
 
+def cmd_experiment(cfg, args) -> dict:
+    from jobs.experiment import run_experiment
+    from jobs.spark import get_spark
+
+    result = run_experiment(get_spark(cfg), cfg)
+    keep = ("run_id", "styles", "captioners", "not_measured", "leakage", "report_dir", "seconds")
+    return {**{k: result.get(k) for k in keep},
+            "table2": [{k: r[k] for k in ("style", "captioner", "variant", "bleu1", "bleu3", "meteor", "cider",
+                                          "cls", "cls_independent", "ppl", "train_pairs")} for r in result["rows"]]}
+
+
 def cmd_sql(cfg, args) -> None:
     from jobs.spark import get_spark
 
@@ -135,6 +146,8 @@ COMMANDS = {
     "train": (cmd_train, "train a captioner on training_set (original, + augmented with train.use_augmented)"),
     "evaluate": (cmd_evaluate, "score the trained captioners per style (BLEU, METEOR, CIDEr, cls., ppl.): Table 2"),
     "run": (cmd_run, "run the whole pipeline"),
+    "experiment": (cmd_experiment, "the paper's evaluation: per style x captioner, original vs augmented, trained, "
+                   "decoded and scored (Table 2, Table 5, Fig. 5 report)"),
     "sql": (cmd_sql, "run a SQL query over the erg tables"),
     "compare": (cmd_compare, "MLflow runs side by side: params that differ, counts, pass rates, metrics, tags"),
 }
@@ -165,15 +178,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _quiet_query_logs() -> None:
+    """PySpark logs every SQL analysis error as a JSON line before raising it; the error's own message says it."""
+    import logging
+
+    try:
+        from pyspark.logger import PySparkLogger
+    except ImportError:
+        return
+    for name in ("SQLQueryContextLogger", "DataFrameQueryContextLogger"):
+        PySparkLogger.getLogger(name).setLevel(logging.CRITICAL)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     started = time.time()
     try:
         cfg = load_config(args.conf, args.overrides)
         handler, _ = COMMANDS[args.command]
+        if not args.debug:
+            _quiet_query_logs()
         result = handler(cfg, args)
     except Exception as exc:
-        error = as_user_error(exc)
+        error = as_user_error(exc, sql=args.command == "sql")
         if error is None or args.debug:
             raise
         lines = error.lines()

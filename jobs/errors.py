@@ -35,11 +35,13 @@ class MissingStepError(UserError, RuntimeError):
     """A job needs what an earlier job writes (a table's rows, a trained model): run that job first."""
 
 
-_RUN_FIRST = re.compile(r"run `(erg [a-z]+[^`]*)` (?:first|with)")
+#: "<problem>: run `erg <job>` ... first": the convention of messages about a step run before the one it needs
+_RUN_FIRST = re.compile(r"[:;,]\s+(run `erg [a-z]+[^`]*`.*\bfirst\b.*)$", re.S)
 
 
-def as_user_error(exc: BaseException) -> UserError | None:
-    """``exc`` as a :class:`UserError` when it is one the user can fix, else None (a bug: keep the traceback)."""
+def as_user_error(exc: BaseException, sql: bool = False) -> UserError | None:
+    """``exc`` as a :class:`UserError` when it is one the user can fix, else None (a bug: keep the traceback).
+    ``sql``: the user wrote the query (``erg sql``), so any analysis error of it is theirs."""
     from jobs.config import ConfigError
 
     if isinstance(exc, UserError):
@@ -60,9 +62,9 @@ def as_user_error(exc: BaseException) -> UserError | None:
                              "job that writes it (`erg run` writes them all)")
         if name == "ParseException":
             return UserError(f"SQL syntax error: {first}", "fix the query")
-        return None
-    if isinstance(exc, (RuntimeError, ValueError)) and (m := _RUN_FIRST.search(message)):
-        return MissingStepError(message.split("\n")[0], f"run `{m.group(1)}` first")
+        return UserError(f"SQL error: {first}", "fix the query") if sql else None
+    if isinstance(exc, (RuntimeError, ValueError)) and (m := _RUN_FIRST.search(message.strip())):
+        return MissingStepError(message[:m.start()], " ".join(m.group(1).split()))
     if isinstance(exc, FileNotFoundError) and exc.filename:
         return InputFileError(f"{exc.filename}: no such file or folder",
                               "fix the path in the conf (ingest.sources) or create the file")

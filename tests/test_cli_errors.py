@@ -22,9 +22,13 @@ def _user_error(capsys, argv: list[str]) -> list[str]:
     with pytest.raises(SystemExit) as info:
         main(argv)
     assert info.value.code == 2
-    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-    assert 1 <= len(err) <= 2 and "Traceback" not in "\n".join(err), err
-    assert err[0].startswith(f"erg {argv[0]}: "), err
+    everything = capsys.readouterr().err
+    assert "Traceback" not in everything, everything
+    lines = [line for line in everything.splitlines() if line.strip()]
+    # progress logged before the error (e.g. MLflow creating its store) may come first; the error is the end
+    first = next(i for i, line in enumerate(lines) if line.startswith(f"erg {argv[0]}: "))
+    err = lines[first:]
+    assert 1 <= len(err) <= 2, err
     return err
 
 
@@ -78,6 +82,8 @@ def test_missing_table_and_bad_sql(spark, erg_home, capsys):
     assert "no_such_table" in err[0] and "SHOW TABLES" in err[1]
     err = _user_error(capsys, ["sql", "--conf", "test", "SELEKT 1"])
     assert err[0].startswith("erg sql: SQL syntax error")
+    err = _user_error(capsys, ["sql", "--conf", "test", "SELECT no_such_column FROM erg.quarantine"])
+    assert err[0].startswith("erg sql: SQL error") and "no_such_column" in err[0]
 
 
 @pytest.mark.spark
@@ -92,7 +98,12 @@ def test_step_run_before_the_one_it_needs(spark, erg_home, capsys):
 
 
 def test_what_counts_as_a_user_error():
-    assert isinstance(as_user_error(RuntimeError("style_phrases is empty: run `erg extract` first")), MissingStepError)
+    step = as_user_error(RuntimeError("style_phrases is empty: run `erg extract` first"))
+    assert isinstance(step, MissingStepError) and step.lines() == ["style_phrases is empty", "fix: run `erg extract` first"]
+    step = as_user_error(RuntimeError("no pairs {'a': 1}; run `erg ingest` and `erg embed` first"))
+    assert step.lines() == ["no pairs {'a': 1}", "fix: run `erg ingest` and `erg embed` first"]
+    step = as_user_error(ValueError("no trained captioner under /h: run `erg train` with\n x=1 first"))
+    assert step.fix == "run `erg train` with x=1 first"
     assert as_user_error(RuntimeError("a bug")) is None and as_user_error(KeyError("x")) is None
     assert as_user_error(FileNotFoundError(2, "No such file", "/x/y")).problem == "/x/y: no such file or folder"
     error = InputFileError("f.txt: bad", "fix it")

@@ -354,6 +354,7 @@ def test_fuzz_flickrstyle(tmp_path, reader, mode):
         for row in result.stylized:  # caption of line i, image of name line i
             name = name_lines[row[LOCATION]["line"] - 1].decode("utf-8").strip()
             assert row["image_id"] == f"flickr30k:{name.split('_')[0]}", (what, row, name)
+    print("fuzz:", f"flickrstyle ({mode})", outcomes)  # shown with pytest -s
     assert outcomes["read"] > CASES // 4 and outcomes["rejected"] > 0, outcomes
 
 
@@ -379,6 +380,7 @@ def test_fuzz_flickrstyle_pickled_names(tmp_path, reader):
         outcomes["rejected" if result is None else "read"] += 1
         if result is not None:
             check_accounted(result, None, what)
+    print("fuzz:", "flickrstyle pickled names", outcomes)  # shown with pytest -s
     assert outcomes["read"] and outcomes["rejected"], outcomes
     (tmp_path / "evil.p").write_bytes(b"cos\nsystem\n(S'echo pwned'\ntR.")
     with pytest.raises(InputFileError, match="evil.p: not a pickled list of image names"):
@@ -417,6 +419,7 @@ def test_fuzz_flickr30k_tokens(tmp_path, reader):
         outcomes["read"] += 1
         check_accounted(result, len(physical_lines(data)), what)
         captions_from_their_lines(result, {str(path): data}, True, what)
+    print("fuzz:", "flickr30k_tokens", outcomes)  # shown with pytest -s
     assert outcomes["read"] > CASES // 2 and outcomes["rejected"] > 0, outcomes
 
 
@@ -437,6 +440,7 @@ def test_fuzz_senticap_csv(tmp_path, reader):
             continue
         outcomes["read"] += 1
         check_accounted(result, len(physical_lines(data)) - 1, what)  # every line after the header
+    print("fuzz:", "senticap_csv", outcomes)  # shown with pytest -s
     assert outcomes["read"] > CASES // 2 and outcomes["rejected"] > 0, outcomes
 
 
@@ -478,6 +482,7 @@ def test_fuzz_json_formats(tmp_path, reader, fmt, base, records):
         outcomes["read"] += 1
         assert expected is not None, f"{what}: an unreadable file was read"
         check_accounted(result, expected, what)
+    print("fuzz:", fmt, outcomes)  # shown with pytest -s
     assert outcomes["read"] > CASES // 3 and outcomes["rejected"] > 0, outcomes
 
 
@@ -517,6 +522,7 @@ def test_fuzz_karpathy_refs(tmp_path, reader, mode):
             if "caption_id" in row and LOCATION in row:
                 coco_id = id_lines[row[LOCATION]["line"] - 1].decode("utf-8").partition("\t")[2].strip()
                 assert row["image_id"] == f"coco:{int(coco_id)}", (what, row)
+    print("fuzz:", f"coco_karpathy_refs ({mode})", outcomes)  # shown with pytest -s
     assert outcomes["read"] > CASES // 4 and outcomes["rejected"] > 0, outcomes
 
 
@@ -533,6 +539,7 @@ def test_fuzz_image_manifest(tmp_path, reader):
         outcomes["rejected" if result is None else "read"] += 1
         if result is not None:
             check_accounted(result, len(physical_lines(data)), what)
+    print("fuzz:", "image_manifest", outcomes)  # shown with pytest -s
     assert outcomes["read"] > CASES // 4, outcomes
 
 
