@@ -349,6 +349,13 @@ class EvaluateConf(_Section):
     ppl_statistic: Literal["median", "mean"] = Field(
         "median", description="ppl.: median (robust to a few degenerate captions) or mean trigram perplexity")
     samples_to_log: int = Field(5, ge=0, description="generated captions per style and variant logged as samples")
+    visual_rerank: bool = Field(
+        True, description="also beam-decode the test images that have visual context (images.tags) and re-rank "
+        "each beam by visual relatedness (visual_relatedness.*); the beam's pick and the re-ranked pick are scored "
+        "side by side (rerank.<variant>.<style>.<beam|visual>.<metric>)")
+    beam_size: int = Field(5, ge=2, description="visual_rerank: beam width, the candidates re-ranked per image")
+    length_penalty: float = Field(1.0, ge=0, description="visual_rerank: the beam orders captions by "
+                                  "log-probability / length ** this (0 = the plain sum)")
 
 
 class ErgConfig(_Section):

@@ -33,6 +33,7 @@ from jobs.tables import read_table
 from jobs.tracking import job_run, log_counts
 from jobs.train import VARIANTS, captioner_kind, image_vectors
 from udfs.captioning import HYPOTHESIS_DDL, make_captioner_evaluator
+from jobs.visual_rerank import rerank_beams, rerank_report
 
 logger = logging.getLogger(__name__)
 
@@ -124,6 +125,8 @@ def evaluate(spark: SparkSession, cfg: ErgConfig) -> dict[str, Any]:
                                              classifier["path"], lm_path, e.max_len, e.batch_size, e.device)
         hypotheses = (todo.select("image_id", "style", "features").repartition(partitions, "image_id")
                       .mapInPandas(evaluator, HYPOTHESIS_DDL).toPandas())
+        reranked = (rerank_beams(spark, cfg, todo, captioners, classifier["path"], lm_path, partitions)
+                    if e.visual_rerank else None)
         pairs.unpersist()
 
         metrics: dict[str, dict[str, dict[str, float]]] = {v: {} for v in captioners}
@@ -131,6 +134,7 @@ def evaluate(spark: SparkSession, cfg: ErgConfig) -> dict[str, Any]:
             for (variant, style), group in hypotheses.groupby(["variant", "style"], sort=False):
                 refs = {image: references[(image, style)] for image in group["image_id"]}
                 metrics[variant][style] = style_scores(group, refs, scorer, e.ppl_statistic)
+            rerank = rerank_report(reranked, references, scorer, e.samples_to_log) if reranked is not None else {}
         metrics = {v: {s: metrics[v][s] for s in styles if s in metrics[v]} for v in captioners}
         flat = {f"{v}.{s}.{m}": value for v, by_style in metrics.items() for s, scores in by_style.items()
                 for m, value in scores.items() if not math.isnan(value)}
@@ -148,7 +152,7 @@ def evaluate(spark: SparkSession, cfg: ErgConfig) -> dict[str, Any]:
             mlflow.log_table(samples.assign(references=[references[(i, s)] for i, s in
                                                         zip(samples["image_id"], samples["style"])]),
                              "caption_samples.json")
-        log_counts({**counts, **flat})
+        log_counts({**counts, **flat, **rerank})
         return {"run_id": run.info.run_id, "metrics": metrics, "counts": counts, "table2": table_md,
                 "captioner_runs": {v: info["version"] for v, info in captioners.items()},
-                "styles_not_trained": untrained}
+                "styles_not_trained": untrained, "visual_rerank": rerank}

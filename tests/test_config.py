@@ -49,6 +49,7 @@ def test_overrides_parse_yaml_scalars():
     ("generate.filters.max_relatedness_drop=1.5", "generate.filters.max_relatedness_drop", "less than or equal to 1"),
     ("visual_relatedness.label_mode=mean", "visual_relatedness.label_mode", "'joint' or 'per_label'"),
     ("visual_relatedness.top_labels=0", "visual_relatedness.top_labels", "greater than or equal to 1"),
+    ("evaluate.beam_size=1", "evaluate.beam_size", "greater than or equal to 2"),
 ])
 def test_bad_value_names_key_and_allowed(override, key, allowed):
     with pytest.raises(ConfigError) as err:
