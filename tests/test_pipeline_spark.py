@@ -44,8 +44,15 @@ def test_augmented_captions_keep_every_verdict(spark, pipeline):
                                        and r.perplexity < f.ppl_max)
         assert r.passed_style == (r.predicted_style == r.style)
         assert r.passed_content == (r.content_similarity > f.min_content_similarity)
+        # visual relatedness: the sample's images have tags (no confidence: the plain cosine), so both are scored
+        if r.factual_relatedness is None or math.isnan(r.factual_relatedness):
+            assert r.passed_visual  # no visual context, nothing to drift from
+        else:
+            assert 0 <= r.factual_relatedness <= 1 and 0 <= r.generated_relatedness <= 1
+            assert r.passed_visual == (r.generated_relatedness
+                                       >= r.factual_relatedness - f.max_relatedness_drop - 1e-9)
         assert r.passed == (r.passed_style and r.passed_perplexity and r.passed_similarity and r.passed_content
-                            and r.passed_well_formed)
+                            and r.passed_well_formed and r.passed_visual)
         assert (r.reject_reason is None) == r.passed
         # the merge decoding keeps every word of the factual caption, in order
         words = iter(r.generated_caption.split())
@@ -56,6 +63,7 @@ def test_augmented_captions_keep_every_verdict(spark, pipeline):
     assert all(r.passed_similarity for r in rows)
     metrics = mlflow.get_run(gen["run_id"]).data.metrics
     assert 0.0 <= metrics["pass_rate.all"] <= 1.0
+    assert metrics["pass_rate.visual"] == pytest.approx(sum(r.passed_visual for r in rows) / len(rows))
     assert metrics["passed"] == sum(r.passed for r in rows)
     assert metrics["leakage.augmented_non_train_phrase"] == 0 and metrics["leakage.training_set_non_train_images"] == 0
     artifacts = {a.path for a in mlflow.MlflowClient().list_artifacts(gen["run_id"])}
