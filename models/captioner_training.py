@@ -7,11 +7,15 @@
    ``MASTER_ADDR``, ``MASTER_PORT``, ``LOCAL_RANK``, as TorchDistributor and torchrun set them; gloo on CPU, nccl on
    GPU), or runs alone when ``WORLD_SIZE`` is absent or 1; with ``backend="horovod"`` it calls ``hvd.init()``;
 3. takes its shard of the rows through ``DistributedSampler`` and trains the captioner wrapped in DDP (or with
-   Horovod's ``DistributedOptimizer``) with AdamW;
+   Horovod's ``DistributedOptimizer``) with Adam (the paper's recipe) or AdamW, optionally with scheduled sampling
+   (the probability of feeding the model's own sample back instead of the gold word rises with the epochs);
 4. reports every ``log_every`` steps to an optional ``on_step(step, metrics)`` callback (rank 0 only), saves the
    model and its vocabulary from rank 0 to ``output_dir`` and returns the loss curve from rank 0 (None elsewhere).
 
 Every rank reads all rows (the sampler needs the whole index) and builds the same vocabulary from them.
+
+Images with different numbers of regions (e.g. the textual visual context: a few texts per image) are stored padded
+to ``feature_regions`` regions, with the count of real ones in ``regions_column``; the padding is masked out.
 """
 from __future__ import annotations
 
@@ -35,6 +39,52 @@ from models.captioners import (CAPTIONER_KINDS, Captioner, CaptionVocab, build_c
                                teacher_forcing_loss)
 
 BACKENDS = ("ddp", "horovod")
+OPTIMIZERS = ("adam", "adamw")
+SCHEDULE_KEYS = ("start", "increase", "every_epochs", "max")
+
+
+def sampling_probability(schedule: dict[str, Any] | None, epoch: int) -> float:
+    """Scheduled sampling's probability in ``epoch`` (0-based): ``min(max, start + increase * (epoch //
+    every_epochs))``; the paper's recipe is start 0, increase 0.05 every 5 epochs. None: 0 (teacher forcing)."""
+    if schedule is None:
+        return 0.0
+    if not isinstance(schedule, dict) or set(schedule) != set(SCHEDULE_KEYS):
+        raise ValueError(f"scheduled_sampling must be a dict with keys {list(SCHEDULE_KEYS)}, got {schedule!r}")
+    every = schedule["every_epochs"]
+    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+        raise ValueError(f"scheduled_sampling.every_epochs must be a positive integer, got {every!r}")
+    for key in ("start", "increase", "max"):
+        value = schedule[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+            raise ValueError(f"scheduled_sampling.{key} must be a number in [0, 1], got {value!r}")
+    return float(min(schedule["max"], schedule["start"] + schedule["increase"] * (epoch // every)))
+
+
+def scheduled_sampling_loss(model: nn.Module, features: torch.Tensor, tokens: torch.Tensor, pad_id: int,
+                            probability: float, region_padding_mask: torch.Tensor | None = None,
+                            generator: torch.Generator | None = None) -> torch.Tensor:
+    """Cross-entropy of the caption words when each input word is, with ``probability``, replaced by a word
+    sampled from the model's own prediction at that position (two passes, as for transformers in Mihaylova and
+    Martins 2019: a pass without gradients samples the words, a second pass learns from the mixed input).
+
+    The style token and ``<bos>`` are always given; ``probability`` 0 is :func:`teacher_forcing_loss`.
+    """
+    if probability <= 0:
+        return teacher_forcing_loss(model, features, tokens, pad_id, region_padding_mask)
+    inputs = tokens[:, :-1]
+    with torch.no_grad():
+        logits = model(features, inputs, region_padding_mask)
+        probs = torch.softmax(logits.float(), dim=-1)
+        sampled = torch.multinomial(probs.reshape(-1, probs.shape[-1]), 1, generator=generator).view(inputs.shape)
+    mixed = inputs.clone()
+    # input position t >= 2 is a word; the model's guess for it is its prediction at position t - 1
+    draw = torch.rand(inputs[:, 2:].shape, device=inputs.device, generator=generator) < probability
+    replace = draw & (inputs[:, 2:] != pad_id)
+    mixed[:, 2:] = torch.where(replace, sampled[:, 1:-1], inputs[:, 2:])
+    logits = model(features, mixed, region_padding_mask)
+    targets = tokens[:, 1:].clone()
+    targets[:, 0] = pad_id
+    return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=pad_id)
 HOROVOD_INSTALL_HINT = (
     "backend 'horovod' needs Horovod built with PyTorch support, e.g. "
     "HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 "
@@ -57,18 +107,21 @@ class TrainConfig:
     style_column: str = "style"
     caption_column: str = "caption"
     feature_regions: int = 1
+    regions_column: str | None = None
     vocab_path: str | None = None
     min_count: int = 1
     max_words: int = 30
     epochs: int = 5
     batch_size: int = 32
     lr: float = 1e-3
+    optimizer: str = "adamw"
     weight_decay: float = 0.01
     grad_clip: float = 1.0
     seed: int = 23
     device: str = "auto"
     backend: str = "ddp"
     log_every: int = 10
+    scheduled_sampling: dict[str, Any] | None = None
 
     @classmethod
     def from_dict(cls, config: dict[str, Any]) -> TrainConfig:
@@ -96,6 +149,10 @@ class TrainConfig:
             raise ValueError(f"hparams must be a dict of captioner hyper-parameters, got {self.hparams!r}")
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {list(BACKENDS)}, got {self.backend!r}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {list(OPTIMIZERS)}, got {self.optimizer!r}")
+        if self.scheduled_sampling is not None:
+            sampling_probability(self.scheduled_sampling, 0)
         for name in ("feature_regions", "min_count", "max_words", "epochs", "batch_size", "log_every"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -110,21 +167,29 @@ class TrainConfig:
 
 @dataclass
 class CaptionData:
-    """Training pairs as arrays: features ``[N, regions, d]`` (float32), styles and captions."""
+    """Training pairs as arrays: features ``[N, regions, d]`` (float32), styles and captions; ``n_regions`` the
+    real regions per row (the rest is padding) when the data has a regions column, else None (all real)."""
 
     features: np.ndarray
     styles: list[str]
     captions: list[str]
+    n_regions: np.ndarray | None = None
+
+    def padding_mask(self) -> np.ndarray | None:
+        """``[N, regions]`` bool, True where a region is padding; None when every region is real."""
+        if self.n_regions is None:
+            return None
+        return np.arange(self.features.shape[1])[None, :] >= self.n_regions[:, None]
 
 
 def read_caption_parquet(paths: tuple[str, ...] | list[str], feature_column: str = "features",
                          style_column: str = "style", caption_column: str = "caption",
-                         feature_regions: int = 1) -> CaptionData:
+                         feature_regions: int = 1, regions_column: str | None = None) -> CaptionData:
     """Read training pairs from Parquet files or folders of them.
 
     A Delta table folder is refused (its folder holds files of old versions): pass the current snapshot's files,
     e.g. ``spark.read.format("delta").load(path).inputFiles()``. A feature vector of length ``regions * d`` is
-    reshaped to ``[regions, d]``.
+    reshaped to ``[regions, d]``. ``regions_column`` (integer, 1..regions) counts the real regions of a row.
     """
     if not paths:
         raise ValueError("no Parquet paths given to read training pairs from")
@@ -135,7 +200,7 @@ def read_caption_parquet(paths: tuple[str, ...] | list[str], feature_column: str
             raise ValueError(f"{path} is a Delta table: pass its current files (DataFrame.inputFiles()), "
                              "not the folder, which also holds files of older versions")
     dataset = pads.dataset(list(paths), format="parquet")
-    columns = [feature_column, style_column, caption_column]
+    columns = [feature_column, style_column, caption_column] + ([regions_column] if regions_column else [])
     absent = [c for c in columns if c not in dataset.schema.names]
     if absent:
         raise ValueError(f"training data lacks columns {absent}; it has {dataset.schema.names}")
@@ -165,8 +230,15 @@ def read_caption_parquet(paths: tuple[str, ...] | list[str], feature_column: str
     flat = np.asarray(vectors.flatten(), dtype=np.float32)
     if not np.isfinite(flat).all():
         raise ValueError(f"column {feature_column!r} holds NaN or infinite values")
+    n_regions = None
+    if regions_column:
+        n_regions = np.asarray(table.column(regions_column).to_pylist(), dtype=np.int64)
+        if n_regions.min() < 1 or n_regions.max() > feature_regions:
+            raise ValueError(f"column {regions_column!r} must count 1..{feature_regions} real regions per row, got "
+                             f"values from {int(n_regions.min())} to {int(n_regions.max())}")
     return CaptionData(features=flat.reshape(table.num_rows, feature_regions, dim // feature_regions),
-                       styles=table.column(style_column).to_pylist(), captions=table.column(caption_column).to_pylist())
+                       styles=table.column(style_column).to_pylist(), captions=table.column(caption_column).to_pylist(),
+                       n_regions=n_regions)
 
 
 class _Collective:
@@ -315,7 +387,7 @@ def train_worker(config: dict[str, Any], on_step: OnStep | None = None) -> dict[
 def _train(cfg: TrainConfig, collective: _Collective, device: torch.device,
            on_step: OnStep | None) -> dict[str, Any] | None:
     data = read_caption_parquet(cfg.train_paths, cfg.feature_column, cfg.style_column, cfg.caption_column,
-                                cfg.feature_regions)
+                                cfg.feature_regions, cfg.regions_column)
     if cfg.vocab_path:
         vocab = CaptionVocab.load(cfg.vocab_path)
     else:
@@ -326,29 +398,38 @@ def _train(cfg: TrainConfig, collective: _Collective, device: torch.device,
     rows = len(data.captions)
     if rows < collective.world_size:
         raise ValueError(f"{rows} training rows cannot be sharded over {collective.world_size} workers")
+    mask = data.padding_mask()
+    mask = torch.from_numpy(mask) if mask is not None else torch.zeros(data.features.shape[:2], dtype=torch.bool)
     dataset = TensorDataset(torch.arange(rows), torch.from_numpy(data.features),
-                            vocab.encode_batch(data.captions, data.styles, cfg.max_words))
+                            vocab.encode_batch(data.captions, data.styles, cfg.max_words), mask)
     sampler = DistributedSampler(dataset, num_replicas=collective.world_size, rank=collective.rank, shuffle=True,
                                  seed=cfg.seed, drop_last=True)
     loader = DataLoader(dataset, batch_size=cfg.batch_size, sampler=sampler)
 
     torch.manual_seed(cfg.seed)
     model = build_captioner(cfg.kind, int(data.features.shape[-1]), vocab, **cfg.hparams).to(device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    optimizer_class = torch.optim.Adam if cfg.optimizer == "adam" else torch.optim.AdamW
+    optimizer = optimizer_class(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    sampler_rng = torch.Generator(device=device).manual_seed(cfg.seed + 1000 * collective.rank)
     forward, optimizer = collective.wrap(model, optimizer, device)
 
     losses: list[float] = []
     epoch_losses: list[float] = []
+    sampling: list[float] = []
     shard: list[int] = []
     total_steps = cfg.epochs * len(loader)
     for epoch in range(cfg.epochs):
         sampler.set_epoch(epoch)
         model.train()
         epoch_start = len(losses)
-        for row_ids, features, tokens in loader:
+        probability = sampling_probability(cfg.scheduled_sampling, epoch)
+        sampling.append(probability)
+        for row_ids, features, tokens, padding in loader:
             if epoch == 0:
                 shard.extend(row_ids.tolist())
-            loss = teacher_forcing_loss(forward, features.to(device), tokens.to(device), vocab.pad_id)
+            padding = padding.to(device) if data.n_regions is not None else None
+            loss = scheduled_sampling_loss(forward, features.to(device), tokens.to(device), vocab.pad_id,
+                                           probability, padding, sampler_rng)
             optimizer.zero_grad()  # Horovod's DistributedOptimizer takes no set_to_none; torch defaults to it
             loss.backward()
             collective.step(optimizer, model, cfg.grad_clip)
@@ -369,6 +450,7 @@ def _train(cfg: TrainConfig, collective: _Collective, device: torch.device,
     seen = [set(s) for s in shards]
     return {
         "loss_first": losses[0], "loss_last": losses[-1], "losses": losses, "epoch_losses": epoch_losses,
+        "sampling_probability": sampling,
         "world_size": collective.world_size, "backend": collective.name, "device": str(device),
         "steps": len(losses), "rows": rows, "vocab_size": len(vocab),
         "rows_per_rank": [len(s) for s in shards], "shard_overlap": sum(len(s) for s in seen) - len(set().union(*seen)),

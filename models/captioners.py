@@ -8,6 +8,8 @@ one model writes every style and the style token alone decides which one.
   first input, which sets its state before the style token and the words follow. Region features are mean-pooled.
 - :class:`TransformerCaptioner` (SAN-like): an ``nn.TransformerDecoder`` whose cross-attention reads the projected
   image features, a sequence ``[n_regions, d]`` (region or CLIP features; a single vector is one region).
+- :class:`UpDownCaptioner` (Anderson et al. 2018): a top-down attention LSTM over the region vectors (Faster R-CNN
+  regions, or the region-like vectors of the textual visual context) feeding a language LSTM.
 
 Features are ``[batch, d]`` or ``[batch, n_regions, d]``; ``region_padding_mask`` (``[batch, n_regions]``, True
 where a region is padding) marks missing regions when images have different numbers of them.
@@ -30,7 +32,7 @@ from models.text import caption_words
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
-CAPTIONER_KINDS = ("nic", "transformer")
+CAPTIONER_KINDS = ("nic", "transformer", "updown")
 PREFIX_LENGTH = 2  # <style:s> <bos>
 
 _CONFIG_FILE = "captioner.json"
@@ -246,7 +248,52 @@ class TransformerCaptioner(Captioner):
         return self.out(hidden)
 
 
-_CAPTIONERS: dict[str, type[Captioner]] = {"nic": NICCaptioner, "transformer": TransformerCaptioner}
+class UpDownCaptioner(Captioner):
+    """Bottom-up and top-down attention: at every step an attention LSTM (input: the language LSTM's last state, the
+    mean region vector and the word) sets the query of a soft attention over the regions; the attended vector and
+    that state feed the language LSTM, whose state predicts the next word. Padded regions get no attention."""
+
+    kind = "updown"
+
+    def __init__(self, feature_dim: int, vocab: CaptionVocab, embed_dim: int = 256, hidden_dim: int = 512,
+                 att_dim: int = 256, dropout: float = 0.1) -> None:
+        super().__init__(feature_dim, vocab, {"embed_dim": embed_dim, "hidden_dim": hidden_dim, "att_dim": att_dim,
+                                              "dropout": dropout})
+        self.region_proj = nn.Sequential(nn.Linear(feature_dim, hidden_dim), nn.ReLU(), nn.Dropout(dropout))
+        self.embed = nn.Embedding(len(vocab), embed_dim, padding_idx=vocab.pad_id)
+        self.att_lstm = nn.LSTMCell(2 * hidden_dim + embed_dim, hidden_dim)
+        self.lang_lstm = nn.LSTMCell(2 * hidden_dim, hidden_dim)
+        self.att_regions = nn.Linear(hidden_dim, att_dim)
+        self.att_query = nn.Linear(hidden_dim, att_dim)
+        self.att_score = nn.Linear(att_dim, 1)
+        self.dropout = nn.Dropout(dropout)
+        self.out = nn.Linear(hidden_dim, len(vocab))
+
+    def forward(self, features: torch.Tensor, tokens: torch.Tensor,
+                region_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+        regions = self.region_proj(_as_regions(features, self.feature_dim))  # [B, R, H]
+        if region_padding_mask is None:
+            keep = torch.ones(regions.shape[:2], dtype=regions.dtype, device=regions.device)
+        else:
+            keep = (~region_padding_mask).to(regions.dtype)
+        mean = (regions * keep.unsqueeze(-1)).sum(1) / keep.sum(1, keepdim=True).clamp(min=1.0)
+        keys = self.att_regions(regions)
+        batch, hidden = regions.shape[0], self.hparams["hidden_dim"]
+        h1 = c1 = h2 = c2 = regions.new_zeros(batch, hidden)
+        words = self.embed(tokens)
+        outputs = []
+        for t in range(tokens.shape[1]):
+            h1, c1 = self.att_lstm(torch.cat([h2, mean, words[:, t]], dim=-1), (h1, c1))
+            scores = self.att_score(torch.tanh(keys + self.att_query(h1).unsqueeze(1))).squeeze(-1)
+            scores = scores.masked_fill(keep == 0, float("-inf"))
+            attended = (torch.softmax(scores, dim=-1).unsqueeze(-1) * regions).sum(1)
+            h2, c2 = self.lang_lstm(torch.cat([attended, h1], dim=-1), (h2, c2))
+            outputs.append(h2)
+        return self.out(self.dropout(torch.stack(outputs, dim=1)))
+
+
+_CAPTIONERS: dict[str, type[Captioner]] = {"nic": NICCaptioner, "transformer": TransformerCaptioner,
+                                           "updown": UpDownCaptioner}
 
 
 def captioner_hparams(kind: str) -> dict[str, Any]:
@@ -258,7 +305,7 @@ def captioner_hparams(kind: str) -> dict[str, Any]:
 
 
 def build_captioner(kind: str, feature_dim: int, vocab: CaptionVocab, **hparams: Any) -> Captioner:
-    """A new captioner of ``kind`` ("nic" or "transformer") over ``feature_dim``-dimensional image features."""
+    """A new captioner of ``kind`` ("nic", "transformer" or "updown") over ``feature_dim``-dimensional image features."""
     allowed = captioner_hparams(kind)
     unknown = sorted(set(hparams) - set(allowed))
     if unknown:

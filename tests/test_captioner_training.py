@@ -134,7 +134,7 @@ def test_config_errors_name_the_key(train_file: str, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="needs \\['train_paths'\\]"):
         TrainConfig.from_dict({"output_dir": str(tmp_path)})
     with pytest.raises(ValueError, match="kind must be one of"):
-        TrainConfig.from_dict(config(train_file, tmp_path, kind="updown"))
+        TrainConfig.from_dict(config(train_file, tmp_path, kind="sat"))
     with pytest.raises(ValueError, match="backend must be one of"):
         TrainConfig.from_dict(config(train_file, tmp_path, backend="mpi"))
     with pytest.raises(ValueError, match="batch_size must be a positive integer"):

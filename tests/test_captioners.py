@@ -180,8 +180,8 @@ def test_transformer_decode_length_limit(vocab: CaptionVocab) -> None:
 
 
 def test_build_captioner_rejects_bad_arguments(vocab: CaptionVocab) -> None:
-    with pytest.raises(ValueError, match=r"kind must be one of \['nic', 'transformer'\]"):
-        build_captioner("updown", 8, vocab)
+    with pytest.raises(ValueError, match=r"kind must be one of \['nic', 'transformer', 'updown'\]"):
+        build_captioner("sat", 8, vocab)
     with pytest.raises(ValueError, match="unknown hyper-parameters.*hidden_size"):
         build_captioner("nic", 8, vocab, hidden_size=8)
     with pytest.raises(ValueError, match="divisible by nhead"):
