@@ -56,7 +56,7 @@ def test_bad_input_file(spark, erg_home, tmp_path, capsys):
     cut = tmp_path / "senticap.json"
     cut.write_text('{"images": [{"filename": "COCO_val2014_000000000001.jpg", "sentences": [{"raw": "a d')
     sources = json.dumps([{"format": "senticap_json", "path": str(cut)}])
-    argv = ["ingest", "--conf", "test", "--set", "tables.schema=t_cli_bad_input", "--set", f"ingest.sources={sources}"]
+    argv = ["ingest", "--conf", "test", "--set", "tables.schema=t_cli_empty", "--set", f"ingest.sources={sources}"]
     err = _user_error(capsys, argv)
     assert f"{cut}: not valid JSON" in err[0] and "cut short" in err[0] and "fix:" in err[1]
     with pytest.raises(InputFileError):
@@ -66,12 +66,12 @@ def test_bad_input_file(spark, erg_home, tmp_path, capsys):
     (tmp_path / "names.txt").write_text("1_a.jpg\n2_b.jpg\n")
     sources = json.dumps([{"format": "flickrstyle", "style": "humor", "path": str(tmp_path / "funny.txt"),
                            "image_names": str(tmp_path / "names.txt")}])
-    err = _user_error(capsys, ["ingest", "--conf", "test", "--set", "tables.schema=t_cli_bad_input",
+    err = _user_error(capsys, ["ingest", "--conf", "test", "--set", "tables.schema=t_cli_empty",
                                "--set", f"ingest.sources={sources}"])
     assert f"{tmp_path / 'funny.txt'} has 3 lines but {tmp_path / 'names.txt'} has 2" in err[0]
     assert "on_misaligned: quarantine" in err[1]
     missing = json.dumps([{"format": "flickr30k_tokens", "path": str(tmp_path / "nope.token")}])
-    err = _user_error(capsys, ["ingest", "--conf", "test", "--set", "tables.schema=t_cli_bad_input",
+    err = _user_error(capsys, ["ingest", "--conf", "test", "--set", "tables.schema=t_cli_empty",
                                "--set", f"ingest.sources={missing}"])
     assert f"{tmp_path / 'nope.token'}: no such file" in err[0]
 

@@ -88,10 +88,10 @@ def test_training_set_view_and_rerun_adds_nothing(spark, pipeline):
 
 
 def test_killed_twice_then_rerun_equals_uninterrupted(spark, pipeline, erg_home):
-    """Kill `erg run` (SIGKILL, the whole process group) at a random moment of extract, rerun it incrementally and
+    """Kill `erg run` (SIGKILL, the whole process group) at a random moment of ingest, rerun it incrementally and
     kill that at a random moment of generate, then rerun to the end: every table equals the uninterrupted run's
     (same keys, no duplicates, same values in the deterministic columns; benchmarks/chaos.py does this N times
-    over all stages); a further rerun does no model work."""
+    over all stages, on the local conf); a further rerun does no model work."""
     import os
     import random
 
@@ -102,7 +102,7 @@ def test_killed_twice_then_rerun_equals_uninterrupted(spark, pipeline, erg_home)
     overrides = ["tables.schema=t_killed", f"sample.dir={erg_home / 'samples' / 't_pipeline'}"]
     cfg = load_config("test", overrides)
     rng = random.Random(15)
-    for n, (stage, delay, incremental) in enumerate([("extract", rng.uniform(0, 30), False),
+    for n, (stage, delay, incremental) in enumerate([("ingest", rng.uniform(5, 30), False),
                                                      ("generate", rng.uniform(2, 10), True)]):
         log = erg_home / f"killed_run_{n}.log"
         killed = run_and_kill(erg_command("test", overrides, incremental=incremental), {**os.environ}, log,
