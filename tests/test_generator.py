@@ -261,7 +261,12 @@ def test_word_level_generator_has_one_token_per_word_and_learns(word_level, trai
 
 
 def _is_merge(out: list[str], content: list[str], phrase: list[str], skip: bool) -> bool:
-    """True when ``out`` is ``content`` in order with (a subsequence of, when ``skip``) ``phrase`` merged in."""
+    """True when ``out`` is ``content`` in order with (a subsequence of, when ``skip``) ``phrase`` merged in; "a" and
+    "an" count as one word (decoding makes the article agree with the word placed after it)."""
+    def article(words: list[str]) -> list[str]:
+        return ["a" if w == "an" else w for w in words]
+
+    out, content, phrase = article(out), article(content), article(phrase)
     ci = pi = 0
     for word in out:
         if ci < len(content) and word == content[ci]:
@@ -300,10 +305,12 @@ def test_source_words_constraint_and_unknown_words_are_copied_back(word_level):
     gen = word_level
     phrase, factual = "zorblax happily", "a dog with a qwertyuiop runs on the grass"
     out = generate(gen, [phrase], [factual], constraint="source_words", max_new_tokens=20)[0].split()
+    out = ["a" if w == "an" else w for w in out]  # the article agrees with the next word after decoding
     pool = (phrase + " " + factual).split()
     assert all(out.count(w) <= pool.count(w) for w in out)  # only input words, each at most as often
     merged = generate(gen, [phrase], [factual], constraint="merge")[0].split()
     assert "qwertyuiop" in merged and "zorblax" in merged  # [UNK] tokens decode to the input's own words
+    merged = ["a" if w == "an" else w for w in merged]
     assert [w for w in merged if w in factual.split()] == factual.split()
 
 
@@ -324,3 +331,10 @@ def test_no_repeat_ngrams_and_repetition_penalty_stop_loops(tmp_path, captions):
     assert not any(repeats(t) for t in fixed)
     with pytest.raises(ValueError, match="constraint must be one of"):
         generate(gen, ["funny"], ["a dog"], constraint="bag")
+
+
+def test_articles_agree_with_the_next_word():
+    from models.generator import agree_articles
+
+    words = "a excellent hydrant with an dog near a university an hour ago A apple".split()
+    assert agree_articles(words) == "an excellent hydrant with a dog near a university an hour ago An apple".split()
