@@ -97,8 +97,15 @@ def test_sql_by_name_through_cli(spark, fresh_cfg, capsys):
     from jobs.cli import main
 
     get_spark(fresh_cfg)
-    ingest(spark, fresh_cfg)
     schema = fresh_cfg.tables.schema_name
+    assert main(["ingest", "--conf", "test", "--set", f"tables.schema={schema}",
+                 "--set", f"sample.dir={fresh_cfg.sample.dir}"]) == 0
+    err = capsys.readouterr().err
+    # erg ingest prints every source's read = kept + quarantined + duplicates
+    summary = err[err.index("every record read is kept, quarantined or a duplicate:"):].splitlines()
+    assert summary[1].split() == ["source", "read", "=", "kept", "+", "quarantined", "+", "duplicates"]
+    total = next(line for line in summary if line.startswith("total")).replace(",", "").split()
+    assert int(total[1]) == int(total[3]) + int(total[5]) + int(total[7]) and int(total[5]) == 8
     code = main(["sql", "--conf", "test", "--set", f"tables.schema={schema}", "--json",
                  f"SELECT style, count(*) AS n FROM {schema}.stylized_captions GROUP BY style ORDER BY style"])
     assert code == 0
