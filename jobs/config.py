@@ -314,8 +314,50 @@ class GenerateConf(_Section):
     samples_to_log: int = Field(5, ge=0)
 
 
+FEATURE_KINDS = ("visual_context", "clip", "regions", "retrieval_embeddings")
+CONTEXT_SOURCES = ("tags", "descriptions", "factual", "other_styles")
+
+
+class VisualContextConf(_Section):
+    """``train.features: visual_context``: an image described in text, each text one region-like vector."""
+    sources: list[Literal["tags", "descriptions", "factual", "other_styles"]] = Field(
+        default_factory=lambda: ["tags", "descriptions", "factual"], min_length=1,
+        description="texts that describe an image: tags (its object labels, one text), descriptions (factual "
+        "captions of a stylized image, images.descriptions), factual (its captions in P; an augmented pair never "
+        "sees the caption it was generated from), other_styles (the content, style phrase removed, of its "
+        "captions in the other styles of the set; never those of the style scored)")
+    encoder: EncoderConf = Field(default_factory=EncoderConf, description="the sentence encoder that embeds each "
+                                 "text (kind sentence), independent of embed.encoder")
+    max_regions: int = Field(8, ge=1, description="texts kept per image (tags first, then descriptions, factual "
+                             "captions, other styles, each in a fixed order); fewer are padded and masked")
+    other_styles_for: Optional[list[str]] = Field(
+        None, description="style sets whose images get other_styles texts (e.g. [senticap], whose train images have "
+        "no other description); null = every set")
+
+
+class ScheduledSamplingConf(_Section):
+    """The probability of feeding the model's own sample back instead of the gold word (Bengio et al. 2015)."""
+    start: float = Field(0.0, ge=0, le=1, description="probability in the first epochs")
+    increase: float = Field(0.05, ge=0, le=1, description="added every `every_epochs` epochs (paper: 0.05 every 5)")
+    every_epochs: int = Field(5, ge=1)
+    max: float = Field(0.25, ge=0, le=1, description="the probability never exceeds this")
+
+    def probability(self, epoch: int) -> float:
+        """The probability in ``epoch`` (0-based)."""
+        return min(self.max, self.start + self.increase * (epoch // self.every_epochs))
+
+
 class TrainConf(_Section):
-    captioner: Literal["nic", "transformer"] = "nic"
+    captioner: Literal["nic", "transformer", "updown"] = "nic"
+    features: Literal["visual_context", "clip", "regions", "retrieval_embeddings"] = Field(
+        "visual_context", description="what a captioner sees of an image, independent of the retrieval encoder: "
+        "visual_context (tags and factual descriptions, each embedded as one region-like vector), clip (CLIP on "
+        "the image file at images.uri), regions (images.region_features, e.g. 36 x 2048 Faster R-CNN), "
+        "retrieval_embeddings (the retrieval encoder's image vector in `embeddings`, as before)")
+    visual_context: VisualContextConf = Field(default_factory=VisualContextConf)
+    clip: EncoderConf = Field(default_factory=lambda: EncoderConf(kind="clip", name_or_path="openai/clip-vit-base-patch32"),
+                              description="features: clip: the CLIP checkpoint (name or path) run on the image files")
+    max_regions: int = Field(36, ge=1, description="features: regions: region vectors kept per image")
     backend: Literal["torch_distributor", "horovod"] = Field(
         "torch_distributor", description="torch_distributor: Spark's TorchDistributor (DDP; gloo on CPU, nccl on "
         "GPU); horovod: horovod.spark.run with Gloo (needs scripts/install_horovod.sh or a Databricks ML runtime)")
@@ -328,13 +370,16 @@ class TrainConf(_Section):
     use_gpu: bool = False
     use_augmented: bool = Field(True, description="train on original + augmented pairs (false: original only)")
     epochs: int = Field(5, ge=1)
-    batch_size: int = Field(32, ge=1)
-    lr: float = Field(1e-3, gt=0)
-    weight_decay: float = Field(0.01, ge=0)
+    batch_size: int = Field(64, ge=1, description="paper: 64")
+    optimizer: Literal["adam", "adamw"] = Field("adam", description="paper: Adam")
+    lr: float = Field(5e-4, gt=0, description="paper: 5e-4")
+    weight_decay: float = Field(0.0, ge=0)
     grad_clip: float = Field(1.0, ge=0, description="max gradient norm (0 = no clipping)")
+    scheduled_sampling: ScheduledSamplingConf = Field(default_factory=ScheduledSamplingConf)
     hparams: dict[str, Any] = Field(default_factory=dict, description="captioner hyper-parameters: nic embed_dim, "
                                     "hidden_dim, num_layers, dropout; transformer d_model, nhead, num_layers, "
-                                    "dim_feedforward, dropout, max_len (checked by `erg train`)")
+                                    "dim_feedforward, dropout, max_len; updown embed_dim, hidden_dim, att_dim, "
+                                    "dropout (checked by `erg train`)")
     min_count: int = Field(1, ge=1, description="caption words seen fewer times map to <unk>")
     max_words: int = Field(30, ge=1, description="caption words kept per training caption")
     seed: int = 23
@@ -356,6 +401,71 @@ class EvaluateConf(_Section):
     beam_size: int = Field(5, ge=2, description="visual_rerank: beam width, the candidates re-ranked per image")
     length_penalty: float = Field(1.0, ge=0, description="visual_rerank: the beam orders captions by "
                                   "log-probability / length ** this (0 = the plain sum)")
+
+
+class IndependentClassifierConf(_Section):
+    """cls. by a second grader: per style, style vs factual, trained on one half of the train split's images (by a
+    hash of the image id) and never used as a filter, so that the filter classifier does not grade its own output."""
+    enabled: bool = True
+    kind: Literal["linear_probe", "finetune"] = "linear_probe"
+    name_or_path: str = "all-MiniLM-L6-v2"
+    max_length: int = Field(40, ge=8)
+    epochs: int = Field(1, ge=1)
+    batch_size: int = Field(32, ge=1)
+    lr: float = Field(2e-5, gt=0)
+    max_train_captions: Optional[int] = Field(None, ge=10)
+    seed: int = 31
+
+
+class Table5Conf(_Section):
+    """Table 5: each retrieval type's augmented pairs alone vs all of them (one captioner, one style set)."""
+    enabled: bool = True
+    captioner: Literal["nic", "transformer", "updown"] = "nic"
+    style_set: Optional[str] = Field(None, description="the style set measured; null = the first of style_sets")
+
+
+class Fig5Conf(_Section):
+    """Fig. 5 (size): C and cls. against the share of the augmented pairs used. (Fig. 5's eps curve needs extract and
+    generate rerun per eps value; `erg run --set extract.eps=...` in another ERG_HOME, then an experiment there.)"""
+    enabled: bool = True
+    captioner: Literal["nic", "transformer", "updown"] = "nic"
+    style_set: Optional[str] = Field(None, description="the style set measured; null = the first of style_sets")
+    sizes: list[float] = Field(default_factory=lambda: [0.0, 0.25, 0.5, 1.0], description="shares of the "
+                               "augmented pairs (nested subsets chosen by a hash of the pair id)")
+
+    @field_validator("sizes")
+    @classmethod
+    def _sizes(cls, value: list[float]) -> list[float]:
+        if any(not 0 <= v <= 1 for v in value):
+            raise ValueError("shares of the augmented pairs must lie in [0, 1], e.g. [0, 0.25, 0.5, 1]")
+        return sorted(set(value))
+
+
+class ExperimentConf(_Section):
+    """``erg experiment``: the paper's evaluation (Table 2, Table 5, Fig. 5) on the configured data."""
+    captioners: list[Literal["nic", "transformer", "updown"]] = Field(
+        default_factory=lambda: ["nic", "transformer"], min_length=1, description="captioners of Table 2")
+    hparams: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="per captioner kind, its hyper-parameters (e.g. {nic: {hidden_dim: 256}}); "
+        "a kind not listed takes train.hparams if it is train.captioner, else its defaults")
+    styles: Optional[list[str]] = Field(None, description="styles measured; null = styles")
+    run_erg: Literal["auto", "always", "never"] = Field(
+        "auto", description="run ERG (erg run) first: auto = only when no generator has been trained")
+    generator_version: Literal["current", "all"] = Field(
+        "current", description="augmented pairs of the current generator only (training_set holds the passing "
+        "rows of every generator version), or of all versions")
+    max_augmented_pairs: Optional[int] = Field(
+        None, ge=1, description="per style, cap on the augmented pairs trained on (the same ones by a hash of the "
+        "pair id every run): keeps the Table 2 part within its time budget; null = all")
+    max_test_images: Optional[int] = Field(None, ge=1, description="per style, test images captioned (by a hash "
+                                           "of the image id); null = all")
+    min_test_images: int = Field(10, ge=1, description="a style with fewer test images that have scene features "
+                                 "is not measured (listed in not_measured with the reason)")
+    ppl_statistic: Literal["median", "mean"] = Field("mean", description="ppl.: mean as the paper, or median")
+    independent_classifier: IndependentClassifierConf = Field(default_factory=IndependentClassifierConf)
+    table5: Table5Conf = Field(default_factory=Table5Conf)
+    fig5: Fig5Conf = Field(default_factory=Fig5Conf)
+    samples_to_log: int = Field(5, ge=0, description="captions per cell in the report")
 
 
 class ErgConfig(_Section):
@@ -380,6 +490,7 @@ class ErgConfig(_Section):
     train: TrainConf = Field(default_factory=TrainConf)
     evaluate: EvaluateConf = Field(default_factory=EvaluateConf)
     visual_relatedness: VisualRelatednessConf = Field(default_factory=VisualRelatednessConf)
+    experiment: ExperimentConf = Field(default_factory=ExperimentConf)
 
     @field_validator("styles")
     @classmethod
@@ -434,6 +545,22 @@ class ErgConfig(_Section):
             except ValidationError as exc:
                 problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
                 raise ValueError(f"extract.classifier_overrides.{name}: {problems}") from None
+        return self
+
+    @model_validator(mode="after")
+    def _experiment_styles(self) -> "ErgConfig":
+        e = self.experiment
+        unknown = [s for s in (e.styles or []) if s not in self.styles]
+        if unknown:
+            raise ValueError(f"experiment.styles {unknown} are not among styles {self.styles}")
+        unknown_sets = [s for s in (self.train.visual_context.other_styles_for or []) if s not in self.style_sets]
+        if unknown_sets:
+            raise ValueError(f"train.visual_context.other_styles_for names {unknown_sets}, which are not style sets: "
+                             f"sets are {sorted(self.style_sets)}")
+        for key, section in (("table5", e.table5), ("fig5", e.fig5)):
+            if section.style_set is not None and section.style_set not in self.style_sets:
+                raise ValueError(f"experiment.{key}.style_set {section.style_set!r} is not a style set: "
+                                 f"sets are {sorted(self.style_sets)}")
         return self
 
     def style_set_of(self, style: str) -> str:

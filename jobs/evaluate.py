@@ -31,7 +31,7 @@ from jobs.model_store import get_current, require_current
 from jobs.extract import EVALUATION_CLASSIFIERS
 from jobs.tables import read_table
 from jobs.tracking import job_run, log_counts
-from jobs.train import VARIANTS, captioner_kind, image_vectors
+from jobs.train import VARIANTS, captioner_kind
 from udfs.captioning import HYPOTHESIS_DDL, make_captioner_evaluator
 from jobs.visual_rerank import rerank_beams, rerank_report
 
@@ -107,8 +107,14 @@ def evaluate(spark: SparkSession, cfg: ErgConfig) -> dict[str, Any]:
         if untrained:
             logger.warning("styles %s are not evaluated: not every captioner was trained on them", untrained)
             mlflow.set_tag("erg.styles_not_trained", ",".join(untrained))
-        pairs = evaluation_pairs(spark, cfg, styles).join(image_vectors(spark, cfg, encoder_version), "image_id",
-                                                          "left").cache()
+        from jobs.scene_features import scene_features
+
+        features = scene_features(spark, cfg, evaluation_pairs(spark, cfg, styles).withColumn(
+            "pair_id", F.concat_ws("|", "image_id", "style")))
+        if features.version != encoder_version:
+            raise ValueError(f"the captioners were trained on features {encoder_version} but train.features gives "
+                             f"{features.version} now: evaluate with the conf they were trained with, or retrain")
+        pairs = features.frame.cache()
         counts: dict[str, float] = {}
         for row in pairs.groupBy("style", F.col("features").isNull().alias("missing")).count().collect():
             counts[f"{'pairs_without_vector' if row.missing else 'pairs'}.{row.style}"] = row["count"]
@@ -123,7 +129,7 @@ def evaluate(spark: SparkSession, cfg: ErgConfig) -> dict[str, Any]:
         partitions = max(1, min(spark.sparkContext.defaultParallelism, n_todo // e.batch_size + 1))
         evaluator = make_captioner_evaluator({v: info["path"] for v, info in captioners.items()},
                                              classifier["path"], lm_path, e.max_len, e.batch_size, e.device)
-        hypotheses = (todo.select("image_id", "style", "features").repartition(partitions, "image_id")
+        hypotheses = (todo.select("image_id", "style", "features", "n_regions").repartition(partitions, "image_id")
                       .mapInPandas(evaluator, HYPOTHESIS_DDL).toPandas())
         reranked = (rerank_beams(spark, cfg, todo, captioners, classifier["path"], lm_path, partitions)
                     if e.visual_rerank else None)

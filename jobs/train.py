@@ -2,8 +2,9 @@
 
 The training pairs are the ``train`` split of the ``training_set`` view: the original stylized pairs, plus the
 augmented pairs (``origin = 'augmented'``) when ``train.use_augmented`` is on, restricted to the conf's styles, each
-joined with its image's vector from ``embeddings`` (the encoder version of the most recent image embedding). Pairs
-whose image has no vector are counted per origin and logged, never lost silently.
+with its image's scene features (``train.features``, :mod:`jobs.scene_features`: by default the textual visual
+context, independent of the retrieval encoder). Pairs whose image has no features are counted per origin and
+logged, never lost silently.
 
 The pairs are written once as a Parquet snapshot under ``<home>/models/captioner/<run id>/data`` (by Spark, or by
 petastorm's Spark converter with ``train.reader: petastorm``, which falls back to Spark Parquet with a warning and
@@ -73,19 +74,33 @@ def image_vectors(spark: SparkSession, cfg: ErgConfig, encoder_version: str) -> 
             .dropDuplicates(["image_id"]))
 
 
-def training_pairs(spark: SparkSession, cfg: ErgConfig) -> DataFrame:
-    """The ``train`` split of ``training_set`` for the conf's styles: original pairs, plus augmented ones if on."""
+def training_pairs(spark: SparkSession, cfg: ErgConfig, generator_version: str | None = None) -> DataFrame:
+    """The ``train`` split of ``training_set`` for the conf's styles: original pairs, plus augmented ones if on.
+
+    ``source_caption`` is the factual caption an augmented pair was generated from (null for original pairs);
+    ``generator_version`` keeps only that generator's augmented pairs (``training_set`` holds every version's).
+    """
     origins = list(ORIGINS) if cfg.train.use_augmented else ["original"]
-    return (read_table(spark, cfg, "training_set")
-            .filter((F.col("split") == "train") & F.col("origin").isin(origins) & F.col("style").isin(cfg.styles))
-            .select("pair_id", "image_id", "caption", "style", "origin"))
+    frame = (read_table(spark, cfg, "training_set")
+             .filter((F.col("split") == "train") & F.col("origin").isin(origins) & F.col("style").isin(cfg.styles)))
+    if generator_version is not None:
+        frame = frame.filter((F.col("origin") == "original") | (F.col("generator_version") == generator_version))
+    return frame.select("pair_id", "image_id", "caption", "style", "origin",
+                        F.col("factual_caption").alias("source_caption"), "retrieval_type")
 
 
 def with_image_vectors(pairs: DataFrame, vectors: DataFrame) -> tuple[DataFrame, dict[str, int], list[str]]:
     """Pairs left-joined with their image vector (``features`` null where the image has none; cached, so unpersist
     it when done); the counts per origin, ``rows.<origin>`` (with a vector) and ``rows_without_vector.<origin>``;
     and the styles that have pairs with a vector."""
-    joined = pairs.join(vectors, "image_id", "left").cache()  # counted, then written: join once
+    return count_features(pairs.join(vectors, "image_id", "left"))
+
+
+def count_features(frame: DataFrame) -> tuple[DataFrame, dict[str, int], list[str]]:
+    """``frame`` (pairs with ``features``, null where the image has none) cached (unpersist it when done); the
+    counts per origin, ``rows.<origin>`` (with features) and ``rows_without_vector.<origin>``; and the styles that
+    have pairs with features."""
+    joined = frame.cache()  # counted, then written: join once
     counts = {f"{key}.{origin}": 0 for origin in ORIGINS for key in ("rows", "rows_without_vector")}
     styles: set[str] = set()
     for row in joined.groupBy("origin", "style", F.col("features").isNull().alias("missing")).count().collect():
@@ -147,14 +162,17 @@ def check_hparams(cfg: ErgConfig) -> None:
                          f"allowed: {sorted(allowed)}")
 
 
-def worker_config(cfg: ErgConfig, train_paths: list[str], output_dir: Path) -> dict[str, Any]:
+def worker_config(cfg: ErgConfig, train_paths: list[str], output_dir: Path, feature_regions: int = 1,
+                  regions_column: str | None = None) -> dict[str, Any]:
     """The ``config`` dict of :func:`models.captioner_training.train_worker` for the conf's ``train`` section."""
     t = cfg.train
     return {"train_paths": list(train_paths), "output_dir": str(output_dir), "kind": t.captioner,
             "hparams": dict(t.hparams), "min_count": t.min_count, "max_words": t.max_words, "epochs": t.epochs,
-            "batch_size": t.batch_size, "lr": t.lr, "weight_decay": t.weight_decay, "grad_clip": t.grad_clip,
+            "batch_size": t.batch_size, "lr": t.lr, "optimizer": t.optimizer, "weight_decay": t.weight_decay,
+            "grad_clip": t.grad_clip, "scheduled_sampling": t.scheduled_sampling.model_dump(),
             "seed": t.seed, "device": "cuda" if t.use_gpu else "cpu",
-            "backend": "horovod" if t.backend == "horovod" else "ddp"}
+            "backend": "horovod" if t.backend == "horovod" else "ddp", "feature_regions": feature_regions,
+            "regions_column": regions_column}
 
 
 def train_and_record(config: dict[str, Any]) -> dict[str, Any] | None:
@@ -176,6 +194,34 @@ def train_and_record(config: dict[str, Any]) -> dict[str, Any] | None:
     return summary
 
 
+def train_and_record_many(configs: list[dict[str, Any]]) -> list[dict[str, Any] | None]:
+    """:func:`models.captioner_training.train_workers` (several models in one launch), each rank 0 summary also
+    written to its ``<output_dir>/train_summary.json``."""
+    from models.captioner_training import train_workers
+
+    summaries = train_workers(configs)
+    for config, summary in zip(configs, summaries):
+        if summary is not None:
+            path = Path(config["output_dir"]) / SUMMARY_FILE
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(summary))
+            tmp.replace(path)
+    return summaries
+
+
+def run_distributed_many(cfg: ErgConfig, configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Train every config (from :func:`worker_config`) in one launch (:func:`train_and_record_many` under the
+    conf's backend, as :func:`run_distributed`); rank 0's summaries, in order."""
+    _launch(cfg, train_and_record_many, configs)
+    summaries = []
+    for config in configs:
+        path = Path(config["output_dir"]) / SUMMARY_FILE
+        if not path.is_file():
+            raise RuntimeError(f"training finished without rank 0's summary {path}: see the workers' output above")
+        summaries.append(json.loads(path.read_text()))
+    return summaries
+
+
 def run_distributed(cfg: ErgConfig, config: dict[str, Any]) -> dict[str, Any]:
     """Run :func:`train_and_record` (``config`` from :func:`worker_config`) on ``train.num_processes`` processes;
     rank 0's summary.
@@ -184,6 +230,15 @@ def run_distributed(cfg: ErgConfig, config: dict[str, Any]) -> dict[str, Any]:
     locally, false on Databricks). ``horovod``: ``horovod.spark.run(num_proc=..., use_gloo=True)``; an ImportError
     naming :data:`INSTALL_HOROVOD` where Horovod is not installed.
     """
+    _launch(cfg, train_and_record, config)
+    path = Path(config["output_dir"]) / SUMMARY_FILE
+    if not path.is_file():
+        raise RuntimeError(f"training finished without rank 0's summary {path}: see the workers' output above")
+    return json.loads(path.read_text())
+
+
+def _launch(cfg: ErgConfig, function, argument) -> None:
+    """``function(argument)`` on ``train.num_processes`` processes under ``train.backend``."""
     from models.captioner_training import HOROVOD_INSTALL_HINT
 
     t = cfg.train
@@ -194,17 +249,13 @@ def run_distributed(cfg: ErgConfig, config: dict[str, Any]) -> dict[str, Any]:
             raise ImportError(f"train.backend=horovod but Horovod cannot be imported ({err}): run "
                               f"{INSTALL_HOROVOD} (builds horovod 0.28.1 into this venv), or set "
                               f"train.backend=torch_distributor. {HOROVOD_INSTALL_HINT}") from err
-        horovod_spark.run(train_and_record, args=(config,), num_proc=t.num_processes, use_gloo=True, use_mpi=False)
+        horovod_spark.run(function, args=(argument,), num_proc=t.num_processes, use_gloo=True, use_mpi=False)
     else:
         from pyspark.ml.torch.distributor import TorchDistributor
 
         local_mode = t.local_mode if t.local_mode is not None else cfg.platform != "databricks"
         TorchDistributor(num_processes=t.num_processes, local_mode=local_mode,
-                         use_gpu=t.use_gpu).run(train_and_record, config)
-    path = Path(config["output_dir"]) / SUMMARY_FILE
-    if not path.is_file():
-        raise RuntimeError(f"training finished without rank 0's summary {path}: see the workers' output above")
-    return json.loads(path.read_text())
+                         use_gpu=t.use_gpu).run(function, argument)
 
 
 def _log_loss_curve(run_id: str, summary: dict[str, Any]) -> None:
@@ -220,54 +271,72 @@ def _log_loss_curve(run_id: str, summary: dict[str, Any]) -> None:
         client.log_batch(run_id, metrics=metrics[start:start + 1000])
 
 
+def snapshot_config(spark: SparkSession, cfg: ErgConfig, pairs: DataFrame, folder: Path, regions: int
+                    ) -> tuple[dict[str, Any], int, str | None]:
+    """Write ``pairs`` (with ``features`` and ``n_regions``, none null) as the training snapshot under
+    ``folder/data``; returns (the worker config training ``train.captioner`` on it into ``folder/model``, number of
+    snapshot files, the reader fallback's reason or None)."""
+    snapshot = pairs.select("features", "n_regions", "style", "caption", "origin", "pair_id", "image_id")
+    files, fallback = write_snapshot(spark, snapshot, folder / "data", cfg.train.reader)
+    return worker_config(cfg, files, folder / "model", regions, "n_regions"), len(files), fallback
+
+
+def fit_captioner(spark: SparkSession, cfg: ErgConfig, pairs: DataFrame, folder: Path, regions: int
+                  ) -> tuple[dict[str, Any], int, str | None]:
+    """:func:`snapshot_config`, then train with ``train.backend``; returns (rank 0's summary, number of snapshot
+    files, the reader fallback's reason or None)."""
+    config, n_files, fallback = snapshot_config(spark, cfg, pairs, folder, regions)
+    return run_distributed(cfg, config), n_files, fallback
+
+
 def train(spark: SparkSession, cfg: ErgConfig) -> dict[str, Any]:
     """Train the conf's captioner variant; returns the counts it logged, the losses, the model path and run id."""
     import mlflow
 
+    from jobs.scene_features import scene_features
+
     variant = captioner_variant(cfg)
     t = cfg.train
     check_hparams(cfg)
-    encoder_version = latest_image_encoder(spark, cfg)
+    pairs = training_pairs(spark, cfg)
+    features = scene_features(spark, cfg, pairs)
+    encoder_version = features.version
     with job_run(cfg, "train", sections=("train",),
-                 params={"variant": variant, "encoder_version": encoder_version}) as run:
+                 params={"variant": variant, "encoder_version": encoder_version, "features": features.kind}) as run:
         run_id = run.info.run_id
         mlflow.set_tags({"erg.captioner_variant": variant, "erg.encoder_version": encoder_version,
-                         "erg.backend": t.backend})
-        joined, counts, styles = with_image_vectors(training_pairs(spark, cfg),
-                                                    image_vectors(spark, cfg, encoder_version))
+                         "erg.backend": t.backend, "erg.features": features.description[:5000]})
+        joined, counts, styles = count_features(features.frame)
         try:
             missing = {k: v for k, v in counts.items() if k.startswith("rows_without_vector") and v}
             if missing:
-                logger.warning("training pairs without an image vector of encoder %s are left out: %s",
-                               encoder_version, missing)
+                logger.warning("training pairs without scene features (%s) are left out: %s", features.kind, missing)
             total = sum(counts[f"rows.{origin}"] for origin in ORIGINS)
             if total == 0:
-                raise RuntimeError(f"no training pairs with an image vector (encoder {encoder_version}): {counts}; "
-                                   "run `erg ingest` and `erg embed` first")
+                raise RuntimeError(f"no training pairs with scene features ({features.description}): {counts}; "
+                                   "run `erg ingest` first, or choose other train.features")
             if t.use_augmented and counts["rows.augmented"] == 0:
-                raise RuntimeError("train.use_augmented is true but training_set has no augmented pairs with an "
-                                   "image vector: run `erg generate` first, or set train.use_augmented=false")
+                raise RuntimeError("train.use_augmented is true but training_set has no augmented pairs with scene "
+                                   "features: run `erg generate` first, or set train.use_augmented=false")
             folder = model_dir(cfg, "captioner", run_id)
-            pairs = joined.filter(F.col("features").isNotNull()).select("features", "style", "caption", "origin",
-                                                                         "pair_id", "image_id")
-            files, fallback = write_snapshot(spark, pairs, folder / "data", t.reader)
+            started = time.time()
+            summary, n_files, fallback = fit_captioner(spark, cfg, joined.filter(F.col("features").isNotNull()),
+                                                       folder, features.regions)
         finally:
             joined.unpersist()
         mlflow.set_tag("erg.reader", "parquet" if fallback else t.reader)
         if fallback:
             mlflow.set_tag("erg.reader_fallback", fallback[:5000])
-        config = worker_config(cfg, files, folder / "model")
-        started = time.time()
-        summary = run_distributed(cfg, config)
         counts.update({"rows": total, "train_seconds": time.time() - started, "loss_first": summary["loss_first"],
                        "loss_last": summary["loss_last"], "steps": summary["steps"],
                        "world_size": summary["world_size"], "vocab_size": summary["vocab_size"],
-                       "snapshot_files": len(files)})
+                       "snapshot_files": n_files, **features.counts})
         log_counts(counts)
         _log_loss_curve(run_id, summary)
         mlflow.log_artifacts(str(folder / "model"), "captioner")  # weights, vocabulary, config, train_summary.json
         current = {"path": str(folder / "model"), "version": run_id, "variant": variant, "kind": t.captioner,
-                   "styles": styles, "encoder_version": encoder_version, "rows": total,
+                   "styles": styles, "encoder_version": encoder_version, "features": features.kind,
+                   "regions": features.regions, "rows": total,
                    "rows_augmented": counts["rows.augmented"], "loss_first": summary["loss_first"],
                    "loss_last": summary["loss_last"], "backend": summary["backend"],
                    "world_size": summary["world_size"]}

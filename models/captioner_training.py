@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -384,8 +385,28 @@ def train_worker(config: dict[str, Any], on_step: OnStep | None = None) -> dict[
         collective.close()
 
 
+def train_workers(configs: list[dict[str, Any]]) -> list[dict[str, Any] | None]:
+    """Train several captioners one after the other in the same worker processes and process group (one launch of
+    TorchDistributor or Horovod for many models, e.g. the cells of ``erg experiment``); rank 0 returns each one's
+    summary (as :func:`train_worker`), the other ranks Nones. Every config must name the same device and backend."""
+    parsed = [TrainConfig.from_dict(c) for c in configs]
+    if not parsed:
+        raise ValueError("no training configs given")
+    if len({(c.device, c.backend) for c in parsed}) > 1:
+        raise ValueError("every config of one launch needs the same device and backend, got "
+                         f"{sorted({(c.device, c.backend) for c in parsed})}")
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = _worker_device(parsed[0].device, local_rank)
+    collective = _join(parsed[0].backend, device)
+    try:
+        return [_train(cfg, collective, device, None) for cfg in parsed]
+    finally:
+        collective.close()
+
+
 def _train(cfg: TrainConfig, collective: _Collective, device: torch.device,
            on_step: OnStep | None) -> dict[str, Any] | None:
+    started = time.time()
     data = read_caption_parquet(cfg.train_paths, cfg.feature_column, cfg.style_column, cfg.caption_column,
                                 cfg.feature_regions, cfg.regions_column)
     if cfg.vocab_path:
@@ -455,4 +476,5 @@ def _train(cfg: TrainConfig, collective: _Collective, device: torch.device,
         "steps": len(losses), "rows": rows, "vocab_size": len(vocab),
         "rows_per_rank": [len(s) for s in shards], "shard_overlap": sum(len(s) for s in seen) - len(set().union(*seen)),
         "rows_covered": len(set().union(*seen)), "output_dir": cfg.output_dir, "config": asdict(cfg),
+        "seconds": time.time() - started,
     }

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from models.captioner_training import (read_caption_parquet, sampling_probability, scheduled_sampling_loss,
-                                       train_worker)
+                                       train_worker, train_workers)
 from models.captioners import (CAPTIONER_KINDS, CaptionVocab, UpDownCaptioner, build_captioner, greedy_decode,
                                load_captioner, save_captioner, teacher_forcing_loss)
 
@@ -128,3 +128,21 @@ def test_training_on_padded_regions_with_adam_and_scheduled_sampling(tmp_path: P
         read_caption_parquet([str(path)], feature_regions=2, regions_column="n_regions")
     with pytest.raises(ValueError, match="optimizer must be one of"):
         train_worker({"train_paths": [str(path)], "output_dir": str(tmp_path / "x"), "optimizer": "sgd"})
+
+
+def test_several_captioners_train_in_one_launch(tmp_path: Path) -> None:
+    """``train_workers``: the cells of an experiment train one after the other in the same process (group)."""
+    features = np.eye(4, 8, dtype=np.float32)
+    path = tmp_path / "part-0.parquet"
+    pq.write_table(pa.table({"features": [features[i].tolist() for i in range(4)] * 4, "style": ["humor"] * 16,
+                             "caption": CAPTIONS * 4}), path)
+    base = {"train_paths": [str(path)], "epochs": 2, "batch_size": 8, "device": "cpu"}
+    summaries = train_workers([{**base, "output_dir": str(tmp_path / "a"), "kind": "nic",
+                                "hparams": {"embed_dim": 8, "hidden_dim": 8}},
+                               {**base, "output_dir": str(tmp_path / "b"), "kind": "updown", "hparams": UPDOWN}])
+    assert [s["config"]["kind"] for s in summaries] == ["nic", "updown"]
+    assert all(s["steps"] == 4 and s["seconds"] > 0 for s in summaries)
+    assert load_captioner(tmp_path / "b").kind == "updown" and load_captioner(tmp_path / "a").kind == "nic"
+    with pytest.raises(ValueError, match="same device and backend"):
+        train_workers([{**base, "output_dir": str(tmp_path / "c")}, {**base, "output_dir": str(tmp_path / "d"),
+                                                                      "device": "auto"}])

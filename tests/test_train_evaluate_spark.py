@@ -119,6 +119,8 @@ def trained(spark, erg_home) -> dict:
     base = [f"home={home}", "tables.schema=t_train_evaluate", f"sample.dir={home / 'sample'}",
             f"styles=[{', '.join(STYLES)}]", "sample.stylized_per_style=20", "train.num_processes=2",
             "train.epochs=4", "train.batch_size=8", "train.lr=0.01", f"train.hparams={NIC}",
+            "train.features=retrieval_embeddings",  # the retrieval encoder's image vectors (test_experiment_spark
+            # covers the default, the textual visual context)
             "evaluate.max_images=4", "evaluate.split=val", "evaluate.samples_to_log=2"]  # val: 2 images per style
     cfg = load_config("test", base)
     get_spark(cfg)

@@ -3,7 +3,8 @@ executor process, writes a greedy caption for each (image, style) row, and the t
 and trigram LM score it in the same pass, through :func:`models.caption_scoring.score_captions` (the scoring that
 generation's filters use).
 
-Input frames carry ``image_id``, ``style`` and ``features`` (the image vector, ``array<float>``); each input row
+Input frames carry ``image_id``, ``style`` and ``features`` (the image vector, ``array<float>``; with an
+``n_regions`` column, ``regions * d`` values of which the first ``n_regions`` regions are real); each input row
 gives one output row per captioner variant (``original`` / ``augmented``) in :data:`HYPOTHESIS_DDL`:
 the hypothesis, the predicted label (the target style if its evaluation classifier gives it p > 0.5, else the
 factual label), that probability, and the perplexity under the target style's LM (NaN where that style has no LM).
@@ -31,6 +32,20 @@ def stack_features(vectors: pd.Series) -> np.ndarray:
     return np.stack([np.asarray(v, dtype=np.float32) for v in vectors])
 
 
+def region_layout(features, frame: pd.DataFrame, feature_dim: int):
+    """``[rows, regions * d]`` features -> ``([rows, regions, d]``, padding mask or None``)``: the mask marks the
+    regions past each row's ``n_regions`` (a frame without that column has one real region per ``d`` values)."""
+    import torch
+
+    if features.shape[1] % feature_dim:
+        raise ValueError(f"feature vectors of {features.shape[1]} values do not split into regions of {feature_dim}")
+    regions = features.view(features.shape[0], -1, feature_dim)
+    if "n_regions" not in frame.columns or frame["n_regions"].isna().all():
+        return regions, None
+    counts = torch.as_tensor(frame["n_regions"].fillna(regions.shape[1]).to_numpy(dtype="int64"))
+    return regions, torch.arange(regions.shape[1])[None, :] >= counts[:, None]
+
+
 def caption_batch(frame: pd.DataFrame, captioners: Mapping[str, object], classifiers, lms,
                   max_len: int) -> pd.DataFrame:
     """Greedy captions of ``frame``'s images by every captioner in its row's style, scored; one row per variant."""
@@ -43,7 +58,8 @@ def caption_batch(frame: pd.DataFrame, captioners: Mapping[str, object], classif
     styles = frame["style"].tolist()
     parts = []
     for variant, model in captioners.items():
-        hypotheses = greedy_decode(model, features, styles, max_len=max_len)
+        regions, mask = region_layout(features, frame, model.feature_dim)
+        hypotheses = greedy_decode(model, regions, styles, max_len=max_len, region_padding_mask=mask)
         scored = score_captions(hypotheses, styles, classifiers, lms, batch_size=max(1, len(hypotheses)))
         parts.append(pd.concat([pd.DataFrame({"variant": variant, "image_id": frame["image_id"].to_numpy(),
                                               "style": styles, "hypothesis": hypotheses}), scored], axis=1))
