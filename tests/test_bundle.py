@@ -189,7 +189,7 @@ def test_every_wheel_task_parses_with_the_erg_cli_and_its_conf_validates(monkeyp
         cfg = load_config(args.conf, args.overrides)
         assert cfg.platform == "databricks"
         assert (cfg.tables.catalog, cfg.tables.schema_name) == (DEFAULTS["catalog"], DEFAULTS["schema"])
-        if args.command == "train":
+        if args.command in ("train", "experiment"):
             assert cfg.train.num_processes == DEFAULTS["gpu_workers"] and cfg.train.use_gpu
         libraries = [lib["whl"] for lib in task["libraries"]]
         artifact_files = [f["source"] for a in BUNDLE["artifacts"].values() for f in a["files"]]
@@ -197,7 +197,7 @@ def test_every_wheel_task_parses_with_the_erg_cli_and_its_conf_validates(monkeyp
             lib_path = os.path.relpath((job["_file"].parent / lib).resolve(), ROOT)
             assert any(fnmatch.fnmatch(src, lib_path) for src in artifact_files), (lib, artifact_files)
         count += 1
-    assert count == len(PIPELINE) + 1
+    assert count == len(PIPELINE) + 2  # the pipeline's tasks, erg_incremental's and erg_experiment's
 
 
 def test_wheel_artifact_builds_with_the_erg_entry_point(tmp_path):

@@ -1,0 +1,480 @@
+"""``erg experiment``: the paper's evaluation (Sect. 4) as one command: does augmenting help, by how much, and with
+which settings.
+
+1. **ERG** on the train split (``erg run``), unless a generator is already trained (``experiment.run_erg``).
+2. **Pairs.** Original = the train split of the stylized set, per style; augmented = the passing augmented pairs of
+   the *current generator version* (``training_set`` holds every version's passing rows; ``experiment.
+   generator_version: all`` takes them all), capped per style at ``max_augmented_pairs`` (the same pairs every run:
+   the lowest hash of the pair id), which keeps the Table 2 part within its time budget. Each pair gets its image's
+   scene features (``train.features``, :mod:`jobs.scene_features`); pairs without are counted and left out.
+   Test = every (image, style) of the test split with its stylized captions as references (``max_test_images``).
+3. **Cells.** Table 2: each measured style x ``experiment.captioners`` x {original, augmented}. Table 5 (one
+   captioner, one style set): each retrieval type's augmented pairs alone. Fig. 5 (likewise): shares of the
+   augmented pairs (nested: the first share of the same hash order). Equal cells are trained once. Every cell's
+   pairs are written as its training snapshot, then one TorchDistributor (or Horovod) launch trains all the cells'
+   captioners one after the other in the same worker processes; each cell is a child MLflow run.
+4. **Scores.** Per style, every cell's captioner captions the test images (greedy, an iterator pandas UDF), scored
+   by BLEU-1/3, METEOR, CIDEr (one ``CaptionScorer``), cls. by the per-style evaluation classifiers (filter 1 of
+   generate), cls. by an *independent* classifier trained here on the half of the train split's images that a hash
+   puts in half B (never a filter, so no filter grades its own output), and ppl. under the style's trigram LM.
+5. **Report.** ``report.md`` (Table 2 layout with delta C % and delta cls., Table 5, Fig. 5), ``table2.png``,
+   ``fig5_size.png`` and ``experiment.json`` (rows, leakage, not_measured) as artifacts of the parent run.
+
+A style is *not measured* (listed with the reason) when it has no train pair or fewer than ``min_test_images``
+test images with scene features: e.g. SentiCap's train images have no tags or descriptions on ../shared/data.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import shlex
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+
+from jobs.config import ErgConfig
+from jobs.model_store import get_current, model_dir, require_current
+from jobs.tables import read_table
+from jobs.tracking import configure_mlflow, job_run, log_counts
+
+logger = logging.getLogger(__name__)
+
+REPORT_FILES = ("report.md", "experiment.json", "table2.png", "fig5_size.png")
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One captioner trained on one style's pairs: ``types`` None = every retrieval type; ``fraction`` = the
+    share of the (capped) augmented pairs, 0 for the original pairs alone."""
+
+    style: str
+    captioner: str
+    variant: str
+    types: tuple[str, ...] | None
+    fraction: float
+
+    @property
+    def key(self) -> tuple:
+        return (self.style, self.captioner, self.types, self.fraction if self.fraction else 0.0)
+
+    @property
+    def name(self) -> str:
+        return f"{self.style}/{self.captioner}/{self.variant}"
+
+
+def plan_cells(table2_styles: list[str], captioners: list[str], table5: tuple[str, list[str], list[str]] | None,
+               fig5: tuple[str, list[str], list[float]] | None) -> list[Cell]:
+    """Every cell to train, each once: Table 2's, then Table 5's (captioner, styles, retrieval types), then Fig. 5's
+    (captioner, styles, shares)."""
+    cells: dict[tuple, Cell] = {}
+
+    def add(cell: Cell) -> None:
+        cells.setdefault(cell.key, cell)
+
+    for style in table2_styles:
+        for captioner in captioners:
+            add(Cell(style, captioner, "original", None, 0.0))
+            add(Cell(style, captioner, "augmented", None, 1.0))
+    if table5 is not None:
+        captioner, styles, types = table5
+        for style in styles:
+            add(Cell(style, captioner, "original", None, 0.0))
+            add(Cell(style, captioner, "augmented", None, 1.0))
+            if len(types) > 1:  # one type alone would be "all types" again
+                for kind in types:
+                    add(Cell(style, captioner, f"augmented:{kind}", (kind,), 1.0))
+    if fig5 is not None:
+        captioner, styles, shares = fig5
+        for style in styles:
+            for share in shares:
+                if share == 0:
+                    add(Cell(style, captioner, "original", None, 0.0))
+                elif share == 1:
+                    add(Cell(style, captioner, "augmented", None, 1.0))
+                else:
+                    add(Cell(style, captioner, f"augmented@{share:g}", None, float(share)))
+    return list(cells.values())
+
+
+def _with_captioner(cfg: ErgConfig, captioner: str) -> ErgConfig:
+    """``cfg`` training ``captioner`` (its ``experiment.hparams`` entry, or ``train.hparams`` for the conf's own)."""
+    out = cfg.model_copy(deep=True)
+    hparams = cfg.experiment.hparams.get(captioner)
+    if hparams is None:
+        hparams = dict(cfg.train.hparams) if captioner == cfg.train.captioner else {}
+    out.train.captioner = captioner
+    out.train.hparams = dict(hparams)
+    return out
+
+
+def _style_set_styles(cfg: ErgConfig, name: str | None, measured: list[str]) -> list[str]:
+    name = name or next(iter(cfg.style_sets))
+    return [s for s in cfg.style_sets[name] if s in measured]
+
+
+# ------------------------------------------------------------------------------------------------------- pairs
+def experiment_pairs(spark: SparkSession, cfg: ErgConfig, styles: list[str], generator_version: str | None
+                     ) -> DataFrame:
+    """Train pairs of ``styles``: original ones and the augmented ones of ``generator_version`` (None: every
+    version), with ``scene_id``, ``retrieval_type`` and ``source_caption``."""
+    frame = (read_table(spark, cfg, "training_set")
+             .where((F.col("split") == "train") & F.col("style").isin(styles)))
+    if generator_version is not None:
+        frame = frame.where((F.col("origin") == "original") | (F.col("generator_version") == generator_version))
+    return frame.select("pair_id", "image_id", "caption", "style", "origin", "scene_id", "retrieval_type",
+                        F.col("factual_caption").alias("source_caption"))
+
+
+def rank_augmented(frame: DataFrame) -> DataFrame:
+    """``aug_rank`` of each augmented pair with features within its style (1 = first), by a hash of the pair id:
+    the order every cap and share takes them in (null for original pairs and pairs without features)."""
+    has = F.col("features").isNotNull()
+    order = Window.partitionBy("style", "origin", has).orderBy(F.xxhash64("pair_id"), "pair_id")
+    return frame.withColumn("aug_rank", F.when((F.col("origin") == "augmented") & has, F.row_number().over(order)))
+
+
+def test_pairs(spark: SparkSession, cfg: ErgConfig, styles: list[str]) -> DataFrame:
+    """``pair_id, image_id, style, references`` of the test split (at most ``max_test_images`` per style)."""
+    from jobs.evaluate import evaluation_pairs
+
+    eval_cfg = cfg.model_copy(deep=True)
+    eval_cfg.evaluate.split = "test"
+    eval_cfg.evaluate.max_images = cfg.experiment.max_test_images
+    return evaluation_pairs(spark, eval_cfg, styles).withColumn("pair_id", F.concat_ws("|", "image_id", "style"))
+
+
+def cell_pairs(pairs: DataFrame, cell: Cell, pool: dict[str, int], available: dict[tuple[str, str], int]
+               ) -> tuple[DataFrame, int, int]:
+    """The training pairs of ``cell`` (with features): its style's original pairs plus its share of the capped
+    augmented pool (``pool[style]`` pairs, the lowest ranks), restricted to its retrieval types; returns (pairs,
+    original count, augmented count). ``available[(style, origin)]`` counts the pairs with features."""
+    original = available.get((cell.style, "original"), 0)
+    mine = pairs.where(F.col("style") == cell.style)
+    if cell.fraction <= 0:
+        return mine.where(F.col("origin") == "original"), original, 0
+    limit = int(math.ceil(cell.fraction * pool.get(cell.style, 0)))
+    augmented = mine.where((F.col("origin") == "augmented") & (F.col("aug_rank") <= limit))
+    if cell.types is not None:
+        augmented = augmented.where(F.col("retrieval_type").isin(list(cell.types)))
+    n_aug = augmented.count()
+    return mine.where(F.col("origin") == "original").unionByName(augmented), original, n_aug
+
+
+# ------------------------------------------------------------------------------------------ independent grader
+def fit_independent_classifier(spark: SparkSession, cfg: ErgConfig, styles: list[str], folder: Path
+                               ) -> dict[str, Any] | None:
+    """Per style, style vs factual, trained on the train-split images a hash puts in half B (the filter classifier
+    is the current ``evaluation_classifiers``, trained by ``erg extract``); saved under ``folder``."""
+    from jobs.extract import factual_pool, read_factual_for_classifiers, read_stylized
+    from jobs.readers import stable_id
+    from models.caption_scoring import train_evaluation_classifiers
+
+    c = cfg.experiment.independent_classifier
+    if not c.enabled:
+        return None
+    stylized = read_stylized(spark, cfg)
+    factual = read_factual_for_classifiers(spark, cfg)
+
+    def half_b(image_ids: pd.Series) -> pd.Series:
+        return image_ids.map(lambda i: int(stable_id("grader", i, length=8), 16) % 2 == 1)
+
+    train = stylized[(stylized["split"] == "train") & half_b(stylized["image_id"])]
+    pool = factual_pool(stylized, factual[half_b(factual["image_id"])], 0.01)["train"]
+    positives = {s: train.loc[train["style"] == s, "caption"].tolist() for s in styles}
+    positives = {s: texts for s, texts in positives.items() if texts}
+    if not positives or not pool:
+        logger.warning("no half-B train captions to fit the independent classifier on: cls_independent is not "
+                       "reported")
+        return None
+    classifiers = train_evaluation_classifiers(
+        c.kind, positives, pool, factual_label=cfg.factual_label, name_or_path=c.name_or_path,
+        max_length=c.max_length, device=cfg.evaluate.device, epochs=c.epochs, batch_size=c.batch_size, lr=c.lr,
+        max_train_captions=c.max_train_captions, seed=c.seed)
+    path = classifiers.save(folder)
+    return {"path": str(path), "styles": sorted(positives), "kind": c.kind,
+            "train_captions": {s: len(t) for s, t in positives.items()}, "factual_captions": len(pool)}
+
+
+def grade(spark: SparkSession, hypotheses: pd.DataFrame, classifier_path: str, batch_size: int,
+          device: str) -> pd.Series:
+    """p(target style) of each hypothesis under the independent classifiers (an iterator pandas UDF)."""
+    from udfs.grading import GRADE_DDL, make_grader
+
+    frame = hypotheses[["variant", "image_id", "style", "hypothesis"]].reset_index(drop=True)
+    frame = frame.assign(row=range(len(frame)))
+    parts = max(1, min(spark.sparkContext.defaultParallelism, len(frame) // batch_size + 1))
+    graded = (spark.createDataFrame(frame[["row", "style", "hypothesis"]])
+              .repartition(parts).mapInPandas(make_grader(classifier_path, batch_size, device), GRADE_DDL)
+              .toPandas().set_index("row")["probability"])
+    return graded.reindex(frame["row"]).reset_index(drop=True)
+
+
+# ---------------------------------------------------------------------------------------------- the experiment
+def _command() -> str:
+    argv = sys.argv if sys.argv and sys.argv[0].endswith("erg") else ["erg", *sys.argv[1:]]
+    return " ".join(shlex.quote(a) for a in argv)
+
+
+def _log_child_metrics(run_id: str, metrics: dict[str, float]) -> None:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient()
+    for key, value in metrics.items():
+        if value is not None and not (isinstance(value, float) and math.isnan(value)):
+            client.log_metric(run_id, key, float(value))
+
+
+def run_experiment(spark: SparkSession, cfg: ErgConfig, *, command: str | None = None) -> dict[str, Any]:
+    """Run the experiment (module docstring); returns the result (rows, tables, leakage, not_measured, run ids)."""
+    import mlflow
+
+    from jobs.evaluate import style_scores
+    from jobs.extract import EVALUATION_CLASSIFIERS
+    from jobs.leakage import leakage_counts
+    from jobs.scene_features import feature_leaks, scene_features
+    from jobs.train import _log_loss_curve, check_hparams, run_distributed_many, snapshot_config
+    from models.caption_metrics import CaptionScorer
+    from models.experiment_report import (plot_fig5, plot_table2, render_fig5, render_report, render_table5,
+                                          size_curve)
+    from udfs.captioning import HYPOTHESIS_DDL, make_captioner_evaluator
+
+    e = cfg.experiment
+    command = command or _command()
+    started = time.time()
+    erg_result = None
+    if e.run_erg == "always" or (e.run_erg == "auto" and get_current(cfg, "generator") is None):
+        from jobs.pipeline import run_pipeline
+
+        erg_result = run_pipeline(spark, cfg)
+    generator = require_current(cfg, "generator", "run")
+    classifiers = require_current(cfg, EVALUATION_CLASSIFIERS, "extract")
+    for captioner in e.captioners:
+        check_hparams(_with_captioner(cfg, captioner))
+    styles = list(e.styles or cfg.styles)
+    version = generator["version"] if e.generator_version == "current" else None
+
+    experiment_id = configure_mlflow(cfg)
+    with mlflow.start_run(run_name="experiment", experiment_id=experiment_id,
+                          tags={"erg.job": "experiment", "erg.conf": cfg.name, "erg.command": command[:5000],
+                                "erg.generator_version": generator["version"]}) as parent:
+        parent_id = parent.info.run_id
+        mlflow.log_params({"styles": json.dumps(styles), "captioners": json.dumps(e.captioners),
+                           "features": cfg.train.features, "generator_version": e.generator_version,
+                           "max_augmented_pairs": str(e.max_augmented_pairs), "epochs": cfg.train.epochs,
+                           "max_test_images": str(e.max_test_images)})
+        folder = model_dir(cfg, "experiment", parent_id)
+        folder.mkdir(parents=True, exist_ok=True)
+
+        # ---- pairs and their scene features
+        train_features = scene_features(spark, cfg, experiment_pairs(spark, cfg, styles, version))
+        pairs = rank_augmented(train_features.frame).cache()
+        test_features = scene_features(spark, cfg, test_pairs(spark, cfg, styles))
+        tests = test_features.frame.cache()
+        counts: dict[str, float] = dict(train_features.counts)
+        available: dict[tuple[str, str], int] = {}
+        for row in pairs.groupBy("style", "origin", F.col("features").isNull().alias("missing")).count().collect():
+            key = "without_features" if row.missing else "with_features"
+            counts[f"pairs.{row.style}.{row.origin}.{key}"] = row["count"]
+            if not row.missing:
+                available[(row.style, row.origin)] = row["count"]
+        test_counts: dict[str, int] = {}
+        for row in tests.groupBy("style", F.col("features").isNull().alias("missing")).count().collect():
+            counts[f"test.{row.style}.{'without_features' if row.missing else 'with_features'}"] = row["count"]
+            if not row.missing:
+                test_counts[row.style] = row["count"]
+        pairs_ok = pairs.where(F.col("features").isNotNull())
+        tests_ok = tests.where(F.col("features").isNotNull())
+
+        not_measured: dict[str, str] = {}
+        for style in styles:
+            n_train = available.get((style, "original"), 0)
+            n_test = test_counts.get(style, 0)
+            total_test = int(counts.get(f"test.{style}.with_features", 0) + counts.get(f"test.{style}.without_features", 0))
+            if n_train == 0 or n_test < e.min_test_images:
+                total_train = int(counts.get(f"pairs.{style}.original.with_features", 0)
+                                  + counts.get(f"pairs.{style}.original.without_features", 0))
+                not_measured[style] = (
+                    f"scene features ({cfg.train.features}: {', '.join(cfg.train.visual_context.sources) if cfg.train.features == 'visual_context' else ''}) "
+                    f"exist for {n_train} of {total_train} train pairs and {n_test} of {total_test} test images "
+                    f"(at least 1 and {e.min_test_images} needed)")
+        measured = [s for s in styles if s not in not_measured]
+        if not measured:
+            raise RuntimeError(f"no style can be measured: {not_measured}; see train.features and "
+                               "train.visual_context.sources")
+        pool = {s: min(available.get((s, "augmented"), 0), e.max_augmented_pairs or 10 ** 12) for s in measured}
+        missing_aug = [s for s in measured if not pool[s]]
+        if missing_aug:
+            for s in missing_aug:
+                not_measured[s] = (f"no passing augmented pair of generator {generator['version']} with scene "
+                                   "features: run `erg generate`, or lower experiment.min_test_images")
+            measured = [s for s in measured if s not in missing_aug]
+            if not measured:
+                raise RuntimeError(f"no style has augmented pairs to compare: {not_measured}")
+        types = sorted(r.retrieval_type for r in pairs_ok.where(F.col("origin") == "augmented")
+                       .select("retrieval_type").distinct().collect())
+        t5 = f5 = None
+        if e.table5.enabled:
+            t5_styles = _style_set_styles(cfg, e.table5.style_set, measured)
+            if t5_styles:
+                t5 = (e.table5.captioner, t5_styles, types)
+        if e.fig5.enabled:
+            f5_styles = _style_set_styles(cfg, e.fig5.style_set, measured)
+            if f5_styles:
+                f5 = (e.fig5.captioner, f5_styles, e.fig5.sizes)
+        cells = plan_cells(measured, list(e.captioners), t5, f5)
+        logger.info("experiment: %d cells over styles %s", len(cells), measured)
+
+        # ---- leakage on exactly what the cells train and test on
+        stylized = read_table(spark, cfg, "stylized_captions")
+        held = F.coalesce(F.col("split"), F.lit("")) != "train"
+        limits = spark.createDataFrame([(s, int(n)) for s, n in pool.items()], "style string, pool int")
+        used = (pairs_ok.where(F.col("style").isin(measured)).join(limits, "style")
+                .where((F.col("origin") == "original") | (F.col("aug_rank") <= F.col("pool"))))
+        leakage = {
+            "test_scene_phrases_in_training": used.join(stylized.where(held).select("scene_id"), "scene_id",
+                                                        "left_semi").count(),
+            "test_images_in_training": used.join(stylized.where(held).select("image_id").distinct(), "image_id",
+                                                 "left_semi").count(),
+            "scene_features_from_scored_references": feature_leaks(spark, cfg, tests_ok),
+        }
+        leakage.update({k.removeprefix("leakage."): v for k, v in leakage_counts(spark, cfg).items()})
+
+        # ---- independent grader
+        grader = fit_independent_classifier(spark, cfg, measured, folder / "independent_classifier")
+
+        # ---- train every cell: snapshots first, then one launch trains them all (one process group)
+        configs, planned = [], []
+        for cell in cells:
+            cell_cfg = _with_captioner(cfg, cell.captioner)
+            frame, n_orig, n_aug = cell_pairs(pairs_ok, cell, pool, available)
+            cell_dir = folder / "cells" / cell.name.replace("/", "__").replace(":", "_").replace("@", "_at_")
+            config, _, _ = snapshot_config(spark, cell_cfg, frame, cell_dir, train_features.regions)
+            configs.append(config)
+            planned.append((cell, cell_cfg, n_orig, n_aug, cell_dir))
+            logger.info("experiment cell %s: %d original + %d augmented pairs", cell.name, n_orig, n_aug)
+        tick = time.time()
+        summaries = run_distributed_many(cfg, configs)
+        counts["train_seconds"] = time.time() - tick
+        trained: dict[str, dict[str, Any]] = {}
+        for (cell, cell_cfg, n_orig, n_aug, cell_dir), summary in zip(planned, summaries):
+            with job_run(cell_cfg, "experiment_cell", sections=("train",),
+                         params={"cell": cell.name, "style": cell.style, "captioner": cell.captioner,
+                                 "variant": cell.variant, "types": ",".join(cell.types or ["all"]),
+                                 "fraction": cell.fraction, "features": train_features.kind}) as child:
+                mlflow.set_tags({"erg.cell": cell.name, "erg.experiment_run": parent_id})
+                log_counts({"train_pairs": n_orig + n_aug, "train_pairs.original": n_orig,
+                            "train_pairs.augmented": n_aug, "train_seconds": summary["seconds"],
+                            "loss_first": summary["loss_first"], "loss_last": summary["loss_last"],
+                            "vocab_size": summary["vocab_size"]})
+                _log_loss_curve(child.info.run_id, summary)
+                mlflow.log_artifacts(str(cell_dir / "model"), "captioner")
+            trained[cell.name] = {"cell": cell, "run_id": child.info.run_id, "train_pairs": n_orig + n_aug,
+                                  "train_pairs_original": n_orig, "train_pairs_augmented": n_aug,
+                                  "path": str(cell_dir / "model"), "train_seconds": summary["seconds"],
+                                  "loss_last": summary["loss_last"]}
+
+        # ---- caption the test images and score every cell
+        rows: list[dict[str, Any]] = []
+        samples: list[dict[str, Any]] = []
+        lm_path = generator["lm_path"]
+        ev = cfg.evaluate
+        with CaptionScorer() as scorer:
+            for style in measured:
+                mine = {name: info for name, info in trained.items() if info["cell"].style == style}
+                todo = tests_ok.where(F.col("style") == style)
+                references = {r.image_id: list(r.references) for r in todo.select("image_id", "references").collect()}
+                parts = max(1, min(spark.sparkContext.defaultParallelism, len(references) // ev.batch_size + 1))
+                evaluator = make_captioner_evaluator({n: info["path"] for n, info in mine.items()},
+                                                     classifiers["path"], lm_path, ev.max_len, ev.batch_size,
+                                                     ev.device)
+                hypotheses = (todo.select("image_id", "style", "features", "n_regions")
+                              .repartition(parts, "image_id").mapInPandas(evaluator, HYPOTHESIS_DDL).toPandas())
+                if grader is not None and style in grader["styles"]:
+                    hypotheses["independent_probability"] = grade(spark, hypotheses, grader["path"], ev.batch_size,
+                                                                  ev.device).to_numpy()
+                for name, group in hypotheses.groupby("variant", sort=False):
+                    info = mine[name]
+                    cell = info["cell"]
+                    scores = style_scores(group, {i: references[i] for i in group["image_id"]}, scorer,
+                                          e.ppl_statistic)
+                    independent = (float((group["independent_probability"] > 0.5).mean())
+                                   if "independent_probability" in group else float("nan"))
+                    row = {"style": style, "captioner": cell.captioner, "variant": cell.variant,
+                           "types": list(cell.types) if cell.types else "all", "fraction": cell.fraction,
+                           "bleu1": scores["BLEU-1"], "bleu3": scores["BLEU-3"], "meteor": scores["METEOR"],
+                           "cider": scores["CIDEr"], "cls": scores["cls."], "cls_independent": independent,
+                           "ppl": scores["ppl."], "train_pairs": info["train_pairs"],
+                           "train_pairs_original": info["train_pairs_original"],
+                           "train_pairs_augmented": info["train_pairs_augmented"], "test_images": len(group),
+                           "run_id": info["run_id"], "train_seconds": info["train_seconds"]}
+                    rows.append(row)
+                    _log_child_metrics(info["run_id"], {k: row[k] for k in ("bleu1", "bleu3", "meteor", "cider", "cls",
+                                                                             "cls_independent", "ppl", "test_images")})
+                    for r in group.head(e.samples_to_log).itertuples():
+                        samples.append({"style": style, "captioner": cell.captioner, "variant": cell.variant,
+                                        "image_id": r.image_id, "hypothesis": r.hypothesis,
+                                        "references": references[r.image_id][:2]})
+        pairs.unpersist()
+        tests.unpersist()
+        order = {name: i for i, name in enumerate(c.name for c in cells)}
+        rows.sort(key=lambda r: order[f"{r['style']}/{r['captioner']}/{r['variant']}"])
+
+        # ---- report
+        result: dict[str, Any] = {
+            "command": command, "run_id": parent_id, "styles": measured, "captioners": list(e.captioners),
+            "features": train_features.description, "rows": rows, "leakage": leakage, "not_measured": not_measured,
+            "augmented_source": (f"passing rows of generator {generator['version']} only" if version else
+                                 "passing rows of every generator version")
+            + (f", at most {e.max_augmented_pairs} per style (lowest hash of the pair id)"
+               if e.max_augmented_pairs else ", all of them"),
+            "test_source": f"test split, {'all' if not e.max_test_images else f'at most {e.max_test_images}'} "
+                           "images per style, references = the image's stylized captions of that style",
+            "training": (f"per style and captioner, {cfg.train.optimizer} lr {cfg.train.lr}, batch "
+                         f"{cfg.train.batch_size}, {cfg.train.epochs} epochs, scheduled sampling "
+                         f"{cfg.train.scheduled_sampling.increase} every "
+                         f"{cfg.train.scheduled_sampling.every_epochs} epochs (max "
+                         f"{cfg.train.scheduled_sampling.max}), {cfg.train.backend} x {cfg.train.num_processes}"),
+            "cls_source": (f"evaluation classifiers {classifiers['version']} ({classifiers.get('kind')}, also "
+                           "generate's filter 1); cls. (indep.): " + (
+                               f"{grader['kind']} per style trained on half B of the train split's images"
+                               if grader else "not fitted")),
+            "ppl_source": f"{e.ppl_statistic} trigram perplexity under the style's LM of generator "
+                          f"{generator['version']}",
+            "generator_version": generator["version"], "counts": counts, "samples": samples,
+            "seconds": time.time() - started, "erg_run": erg_result.get("parent_run_id") if erg_result else None,
+        }
+        if t5 is not None:
+            result["table5"] = {"captioner": t5[0], "styles": t5[1], "types": t5[2],
+                                "markdown": render_table5(rows, t5[0], t5[1])}
+        if f5 is not None:
+            points = size_curve(rows, f5[0], f5[1])
+            result["fig5"] = {"captioner": f5[0], "styles": f5[1], "points": points, "markdown": render_fig5(points)}
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp)
+            (out / "report.md").write_text(render_report(result))
+            (out / "experiment.json").write_text(json.dumps(result, indent=2, default=str))
+            plot_table2(rows, out / "table2.png")
+            if f5 is not None and result["fig5"]["points"]:
+                plot_fig5(result["fig5"]["points"], out / "fig5_size.png")
+            mlflow.log_artifacts(str(out), "report")
+            report_dir = folder / "report"
+            report_dir.mkdir(parents=True, exist_ok=True)
+            for path in out.iterdir():
+                (report_dir / path.name).write_bytes(path.read_bytes())
+        result["report_dir"] = str(folder / "report")
+        log_counts({**{k: v for k, v in counts.items() if isinstance(v, (int, float))},
+                    **{f"leakage.{k}": v for k, v in leakage.items()}, "cells": len(cells),
+                    "seconds": result["seconds"]})
+        for row in rows:
+            prefix = f"{row['style']}.{row['captioner']}.{row['variant']}".replace(":", "_").replace("@", "_at_")
+            log_counts({f"{prefix}.{m}": row[m] for m in ("bleu1", "bleu3", "meteor", "cider", "cls", "ppl")
+                        if row[m] is not None and not math.isnan(row[m])})
+        return result

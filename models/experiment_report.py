@@ -1,0 +1,200 @@
+"""The report of ``erg experiment``: the paper's Table 2, Table 5 and Fig. 5 from the scored cells (no Spark).
+
+A *row* is one trained and scored cell: ``style``, ``captioner``, ``variant`` (``original``, ``augmented``, or
+``augmented:<type>`` for one retrieval type's pairs alone, ``augmented@<share>`` for a share of the augmented
+pairs), ``types`` (retrieval types of its augmented pairs), ``fraction`` (share of the augmented pairs), the metrics
+``bleu1, bleu3, meteor, cider, cls, cls_independent, ppl`` and ``train_pairs`` (plus ``train_pairs_original`` /
+``train_pairs_augmented``, ``test_images``). Metrics are fractions (CIDEr its usual scale); the tables print
+BLEU, METEOR, CIDEr and cls. times 100, as the paper.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+METRICS = ("bleu1", "bleu3", "meteor", "cider", "cls", "cls_independent", "ppl")
+HEADERS = {"bleu1": "B-1", "bleu3": "B-3", "meteor": "M", "cider": "C", "cls": "cls.",
+           "cls_independent": "cls. (indep.)", "ppl": "ppl."}
+PERCENT = ("bleu1", "bleu3", "meteor", "cider", "cls", "cls_independent")
+
+
+def _number(value: Any, metric: str, signed: bool = False) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    scaled = value * 100 if metric in PERCENT else value
+    return f"{scaled:{'+' if signed else ''}.1f}"
+
+
+def cider_gain_percent(original: float, augmented: float) -> float:
+    """Relative CIDEr change in percent, as the paper's "+2.4% to +39.2%" (NaN when the original is 0 or NaN)."""
+    if original is None or augmented is None or not original or math.isnan(original) or math.isnan(augmented):
+        return float("nan")
+    return (augmented - original) / original * 100.0
+
+
+def table2_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The Table 2 cells (``variant`` original / augmented) with, on each augmented row, ``delta_cider_percent`` and
+    ``delta_cls`` (points) against the original row of the same style and captioner."""
+    base = {(r["style"], r["captioner"]): r for r in rows if r["variant"] == "original"}
+    out = []
+    for row in rows:
+        if row["variant"] not in ("original", "augmented"):
+            continue
+        row = dict(row)
+        before = base.get((row["style"], row["captioner"]))
+        if row["variant"] == "augmented" and before is not None:
+            row["delta_cider_percent"] = cider_gain_percent(before["cider"], row["cider"])
+            row["delta_cls"] = (row["cls"] - before["cls"]) * 100.0
+            if row.get("cls_independent") is not None and before.get("cls_independent") is not None:
+                row["delta_cls_independent"] = (row["cls_independent"] - before["cls_independent"]) * 100.0
+        out.append(row)
+    return out
+
+
+def render_table2(rows: Sequence[Mapping[str, Any]]) -> str:
+    """Table 2 as markdown: per style and captioner, original then augmented with delta C % and delta cls."""
+    lines = ["| style | captioner | data | " + " | ".join(HEADERS[m] for m in METRICS)
+             + " | pairs | ΔC % | Δcls. | Δcls. (indep.) |",
+             "| --- | --- | --- | " + " | ".join("---:" for _ in METRICS) + " | ---: | ---: | ---: | ---: |"]
+    for row in table2_rows(rows):
+        deltas = [f"{row['delta_cider_percent']:+.1f}" if not math.isnan(row.get("delta_cider_percent", math.nan))
+                  else "-",
+                  f"{row['delta_cls']:+.1f}" if "delta_cls" in row else "-",
+                  f"{row['delta_cls_independent']:+.1f}" if "delta_cls_independent" in row else "-"]
+        lines.append(f"| {row['style']} | {row['captioner']} | {row['variant']} | "
+                     + " | ".join(_number(row.get(m), m) for m in METRICS)
+                     + f" | {row['train_pairs']} | " + " | ".join(deltas) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def render_table5(rows: Sequence[Mapping[str, Any]], captioner: str, styles: Sequence[str]) -> str:
+    """Table 5: the original pairs alone, each retrieval type's augmented pairs alone (+ original), all types."""
+    chosen = [r for r in rows if r["captioner"] == captioner and r["style"] in styles
+              and (r["variant"] in ("original", "augmented") or r["variant"].startswith("augmented:"))]
+    if not chosen:
+        return ""
+    order = {"original": 0, "augmented": 2}
+    chosen.sort(key=lambda r: (list(styles).index(r["style"]), order.get(r["variant"], 1), r["variant"]))
+    lines = ["| style | augmented pairs | " + " | ".join(HEADERS[m] for m in METRICS) + " | pairs |",
+             "| --- | --- | " + " | ".join("---:" for _ in METRICS) + " | ---: |"]
+    for row in chosen:
+        label = {"original": "none (original)", "augmented": "all types"}.get(
+            row["variant"], row["variant"].split(":", 1)[-1] + " alone")
+        lines.append(f"| {row['style']} | {label} | " + " | ".join(_number(row.get(m), m) for m in METRICS)
+                     + f" | {row['train_pairs']} |")
+    return "\n".join(lines) + "\n"
+
+
+def size_curve(rows: Sequence[Mapping[str, Any]], captioner: str, styles: Sequence[str]) -> list[dict[str, Any]]:
+    """Fig. 5's points: per style, (share of augmented pairs, train pairs, CIDEr, cls.), by share."""
+    points = []
+    for row in rows:
+        if row["captioner"] != captioner or row["style"] not in styles:
+            continue
+        if row["variant"] == "original":
+            share = 0.0
+        elif row["variant"] == "augmented":
+            share = 1.0
+        elif row["variant"].startswith("augmented@"):
+            share = float(row["variant"].split("@", 1)[1])
+        else:
+            continue
+        points.append({"style": row["style"], "share": share, "train_pairs": row["train_pairs"],
+                       "cider": row["cider"], "cls": row["cls"], "cls_independent": row.get("cls_independent")})
+    return sorted(points, key=lambda p: (list(styles).index(p["style"]), p["share"]))
+
+
+def render_fig5(points: Sequence[Mapping[str, Any]]) -> str:
+    """Fig. 5's points as a markdown table."""
+    if not points:
+        return ""
+    lines = ["| style | share of augmented pairs | pairs | C | cls. | cls. (indep.) |",
+             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for p in points:
+        lines.append(f"| {p['style']} | {p['share'] * 100:.0f}% | {p['train_pairs']} | {_number(p['cider'], 'cider')}"
+                     f" | {_number(p['cls'], 'cls')} | {_number(p.get('cls_independent'), 'cls')} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_table2(rows: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
+    """Bars of CIDEr and cls., original vs augmented, per style x captioner (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cells = sorted({(r["style"], r["captioner"]) for r in rows if r["variant"] in ("original", "augmented")})
+    value = {(r["style"], r["captioner"], r["variant"]): r for r in rows}
+    fig, axes = plt.subplots(1, 2, figsize=(max(6, 1.2 * len(cells) + 3), 3.6))
+    for ax, metric, title in ((axes[0], "cider", "CIDEr x 100"), (axes[1], "cls", "cls. (%)")):
+        for offset, variant in ((-0.2, "original"), (0.2, "augmented")):
+            heights = [100 * (value.get((s, c, variant), {}).get(metric) or 0.0) for s, c in cells]
+            ax.bar([i + offset for i in range(len(cells))], heights, width=0.4, label=variant)
+        ax.set_xticks(range(len(cells)), [f"{s}\n{c}" for s, c in cells], fontsize=8)
+        ax.set_title(title)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_fig5(points: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
+    """CIDEr and cls. against the share of augmented pairs, one line per style (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(8, 3.4))
+    for style in dict.fromkeys(p["style"] for p in points):
+        mine = [p for p in points if p["style"] == style]
+        shares = [100 * p["share"] for p in mine]
+        axes[0].plot(shares, [100 * p["cider"] for p in mine], marker="o", label=style)
+        axes[1].plot(shares, [100 * p["cls"] for p in mine], marker="o", label=style)
+    for ax, title in ((axes[0], "CIDEr x 100"), (axes[1], "cls. (%)")):
+        ax.set_xlabel("augmented pairs used (%)")
+        ax.set_title(title)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def render_report(result: Mapping[str, Any]) -> str:
+    """The whole report as markdown: setup, Table 2, Table 5, Fig. 5, leakage, styles not measured, samples."""
+    rows = result["rows"]
+    parts = ["# ERG experiment: original vs augmented (paper Table 2, Table 5, Fig. 5)", ""]
+    parts += [f"- command: `{result.get('command', '')}`",
+              f"- scene features: {result.get('features', '')}",
+              f"- augmented pairs: {result.get('augmented_source', '')}",
+              f"- test images: {result.get('test_source', '')}",
+              f"- training: {result.get('training', '')}",
+              f"- cls.: {result.get('cls_source', '')}",
+              f"- ppl.: {result.get('ppl_source', '')}", ""]
+    parts += ["## Table 2", "", "Metrics x 100 except ppl.; ΔC % is relative, Δcls. in points.", "",
+              render_table2(rows)]
+    t5 = result.get("table5") or {}
+    if t5.get("markdown"):
+        parts += [f"## Table 5 ({t5['captioner']}, {', '.join(t5['styles'])})", "", t5["markdown"]]
+    f5 = result.get("fig5") or {}
+    if f5.get("markdown"):
+        parts += [f"## Fig. 5: size ({f5['captioner']}, {', '.join(f5['styles'])})", "", f5["markdown"],
+                  "![fig5](fig5_size.png)", ""]
+    parts += ["## Leakage", "", *[f"- {k}: {v}" for k, v in result.get("leakage", {}).items()], ""]
+    not_measured = result.get("not_measured") or {}
+    parts += ["## Not measured", ""]
+    parts += [f"- {k}: {v}" for k, v in not_measured.items()] or ["- (every style was measured)"]
+    parts += [""]
+    samples = result.get("samples") or []
+    if samples:
+        parts += ["## Samples", "", "| style | captioner | data | image | caption |", "| --- | --- | --- | --- | --- |"]
+        parts += [f"| {s['style']} | {s['captioner']} | {s['variant']} | {s['image_id']} | "
+                  f"{str(s['hypothesis']).replace('|', '/')} |" for s in samples]
+        parts += [""]
+    return "\n".join(parts)
