@@ -52,6 +52,7 @@ def write_results(result: dict[str, Any], out_dir: str | Path) -> dict[str, str]
             "training": result.get("training"), "cls_source": result.get("cls_source"),
             "ppl_source": result.get("ppl_source"), "generator_version": result.get("generator_version"),
             "experiment_run_id": result.get("run_id"), "seconds": result.get("seconds"),
+            "stage_seconds": result.get("stage_seconds"),
             "cells": [{k: row.get(k) for k in ROW_KEYS} for row in result["rows"]],
             "table5": {k: v for k, v in (result.get("table5") or {}).items() if k != "markdown"},
             "fig5": {k: v for k, v in (result.get("fig5") or {}).items() if k != "markdown"}}

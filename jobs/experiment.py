@@ -273,6 +273,15 @@ def run_experiment(spark: SparkSession, cfg: ErgConfig, *, command: str | None =
         folder = model_dir(cfg, "experiment", parent_id)
         folder.mkdir(parents=True, exist_ok=True)
 
+        stages: dict[str, float] = {}
+        clock = [time.time()]
+
+        def lap(stage: str) -> None:
+            now = time.time()
+            stages[stage] = now - clock[0]
+            clock[0] = now
+            logger.info("experiment: %s took %.1fs", stage, stages[stage])
+
         # ---- pairs and their scene features
         train_features = scene_features(spark, cfg, experiment_pairs(spark, cfg, styles, version))
         pairs = rank_augmented(train_features.frame).cache()
@@ -332,6 +341,7 @@ def run_experiment(spark: SparkSession, cfg: ErgConfig, *, command: str | None =
         cells = plan_cells(measured, list(e.captioners), t5, f5)
         logger.info("experiment: %d cells over styles %s", len(cells), measured)
 
+        lap("features")
         # ---- leakage on exactly what the cells train and test on
         stylized = read_table(spark, cfg, "stylized_captions")
         held = F.coalesce(F.col("split"), F.lit("")) != "train"
@@ -347,9 +357,11 @@ def run_experiment(spark: SparkSession, cfg: ErgConfig, *, command: str | None =
         }
         leakage.update({k.removeprefix("leakage."): v for k, v in leakage_counts(spark, cfg).items()})
 
+        lap("leakage")
         # ---- independent grader
         grader = fit_independent_classifier(spark, cfg, measured, folder / "independent_classifier")
 
+        lap("independent_classifier")
         # ---- train every cell: snapshots first, then one launch trains them all (one process group)
         configs, planned = [], []
         for cell in cells:
@@ -360,9 +372,9 @@ def run_experiment(spark: SparkSession, cfg: ErgConfig, *, command: str | None =
             configs.append(config)
             planned.append((cell, cell_cfg, n_orig, n_aug, cell_dir))
             logger.info("experiment cell %s: %d original + %d augmented pairs", cell.name, n_orig, n_aug)
-        tick = time.time()
+        lap("snapshots")
         summaries = run_distributed_many(cfg, configs)
-        counts["train_seconds"] = time.time() - tick
+        lap("training")
         trained: dict[str, dict[str, Any]] = {}
         for (cell, cell_cfg, n_orig, n_aug, cell_dir), summary in zip(planned, summaries):
             with job_run(cell_cfg, "experiment_cell", sections=("train",),
@@ -381,6 +393,7 @@ def run_experiment(spark: SparkSession, cfg: ErgConfig, *, command: str | None =
                                   "path": str(cell_dir / "model"), "train_seconds": summary["seconds"],
                                   "loss_last": summary["loss_last"]}
 
+        lap("child_runs")
         # ---- caption the test images and score every cell
         rows: list[dict[str, Any]] = []
         samples: list[dict[str, Any]] = []
@@ -427,6 +440,7 @@ def run_experiment(spark: SparkSession, cfg: ErgConfig, *, command: str | None =
         order = {name: i for i, name in enumerate(c.name for c in cells)}
         rows.sort(key=lambda r: order[f"{r['style']}/{r['captioner']}/{r['variant']}"])
 
+        lap("decode_and_score")
         # ---- report
         result: dict[str, Any] = {
             "command": command, "run_id": parent_id, "styles": measured, "captioners": list(e.captioners),
@@ -449,7 +463,8 @@ def run_experiment(spark: SparkSession, cfg: ErgConfig, *, command: str | None =
             "ppl_source": f"{e.ppl_statistic} trigram perplexity under the style's LM of generator "
                           f"{generator['version']}",
             "generator_version": generator["version"], "counts": counts, "samples": samples,
-            "seconds": time.time() - started, "erg_run": erg_result.get("parent_run_id") if erg_result else None,
+            "seconds": time.time() - started, "stage_seconds": stages,
+            "erg_run": erg_result.get("parent_run_id") if erg_result else None,
         }
         if t5 is not None:
             result["table5"] = {"captioner": t5[0], "styles": t5[1], "types": t5[2],
@@ -472,6 +487,7 @@ def run_experiment(spark: SparkSession, cfg: ErgConfig, *, command: str | None =
         result["report_dir"] = str(folder / "report")
         log_counts({**{k: v for k, v in counts.items() if isinstance(v, (int, float))},
                     **{f"leakage.{k}": v for k, v in leakage.items()}, "cells": len(cells),
+                    **{f"stage_seconds.{k}": v for k, v in stages.items()},
                     "seconds": result["seconds"]})
         for row in rows:
             prefix = f"{row['style']}.{row['captioner']}.{row['variant']}".replace(":", "_").replace("@", "_at_")

@@ -176,7 +176,11 @@ def render_report(result: Mapping[str, Any]) -> str:
               f"- test images: {result.get('test_source', '')}",
               f"- training: {result.get('training', '')}",
               f"- cls.: {result.get('cls_source', '')}",
-              f"- ppl.: {result.get('ppl_source', '')}", ""]
+              f"- ppl.: {result.get('ppl_source', '')}"]
+    if result.get("seconds") is not None:
+        stages = ", ".join(f"{k} {v:.0f}s" for k, v in (result.get("stage_seconds") or {}).items())
+        parts += [f"- time: {result['seconds']:.0f}s ({stages})"]
+    parts += [""]
     parts += ["## Table 2", "", "Metrics x 100 except ppl.; ΔC % is relative, Δcls. in points.", "",
               render_table2(rows)]
     t5 = result.get("table5") or {}

@@ -1,0 +1,54 @@
+"""``erg experiment`` without Spark: which cells are trained (each once) and the report's tables and deltas."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from jobs.experiment import Cell, plan_cells
+from models.experiment_report import (cider_gain_percent, plot_fig5, plot_table2, render_fig5, render_report,
+                                      render_table2, render_table5, size_curve, table2_rows)
+
+
+def row(style: str, captioner: str, variant: str, cider: float, cls: float, pairs: int) -> dict:
+    return {"style": style, "captioner": captioner, "variant": variant, "bleu1": 0.5, "bleu3": 0.2, "meteor": 0.1,
+            "cider": cider, "cls": cls, "cls_independent": cls / 2, "ppl": 40.0, "train_pairs": pairs}
+
+
+def test_cells_cover_table2_table5_fig5_and_are_trained_once() -> None:
+    cells = plan_cells(["humor", "positive"], ["nic", "transformer"], ("nic", ["humor"], ["i2t", "t2t"]),
+                       ("nic", ["humor"], [0.0, 0.25, 1.0]))
+    names = [c.name for c in cells]
+    assert len(names) == len(set(names)) == 8 + 2 + 1
+    assert names[:4] == ["humor/nic/original", "humor/nic/augmented", "humor/transformer/original",
+                         "humor/transformer/augmented"]
+    assert names[-3:] == ["humor/nic/augmented:i2t", "humor/nic/augmented:t2t", "humor/nic/augmented@0.25"]
+    assert Cell("humor", "nic", "augmented@0.25", None, 0.25).fraction == 0.25
+    # a single retrieval type alone would be "all types" again: no extra cell
+    assert len(plan_cells(["humor"], ["nic"], ("nic", ["humor"], ["t2t"]), None)) == 2
+
+
+def test_table2_deltas_are_relative_cider_and_cls_points() -> None:
+    rows = [row("humor", "nic", "original", 0.20, 0.40, 100), row("humor", "nic", "augmented", 0.25, 0.55, 150),
+            row("humor", "nic", "augmented@0.5", 0.22, 0.50, 125)]
+    table = table2_rows(rows)
+    assert [r["variant"] for r in table] == ["original", "augmented"]
+    assert table[1]["delta_cider_percent"] == pytest.approx(25.0)
+    assert table[1]["delta_cls"] == pytest.approx(15.0) and table[1]["delta_cls_independent"] == pytest.approx(7.5)
+    assert math.isnan(cider_gain_percent(0.0, 0.3))
+    text = render_table2(rows)
+    assert "| humor | nic | augmented | 50.0 | 20.0 | 10.0 | 25.0 | 55.0 | 27.5 | 40.0 | 150 | +25.0 | +15.0 | +7.5 |" in text
+    points = size_curve(rows, "nic", ["humor"])
+    assert [(p["share"], p["train_pairs"]) for p in points] == [(0.0, 100), (0.5, 125), (1.0, 150)]
+    assert "| humor | 50% | 125 | 22.0 | 50.0 | 25.0 |" in render_fig5(points)
+    assert "| humor | none (original) |" in render_table5(rows, "nic", ["humor"])
+
+
+def test_report_and_plots_are_written(tmp_path: Path) -> None:
+    rows = [row("humor", "nic", "original", 0.2, 0.4, 10), row("humor", "nic", "augmented", 0.3, 0.5, 20)]
+    report = render_report({"rows": rows, "leakage": {"test_images_in_training": 0},
+                            "not_measured": {"positive": "no scene features"}, "command": "erg experiment"})
+    assert report.startswith("# ERG experiment") and "- positive: no scene features" in report
+    assert plot_table2(rows, tmp_path / "t2.png").read_bytes()[:4] == b"\x89PNG"
+    assert plot_fig5(size_curve(rows, "nic", ["humor"]), tmp_path / "f5.png").stat().st_size > 1000
