@@ -288,7 +288,10 @@ class GenerateConf(_Section):
     generator: GeneratorConf = Field(default_factory=GeneratorConf)
     decoding: DecodingConf = Field(default_factory=DecodingConf)
     filters: FilterConf = Field(default_factory=FilterConf)
-    lm_min_count: int = Field(1, ge=1, description="trigram LM: words seen fewer times map to <unk>")
+    lm_min_count: int = Field(
+        3, ge=1, description="trigram LMs (style and background): words seen fewer times map to <unk>; with "
+        "lm_oov: skip a word no part of the mixture knows is counted, not scored (a word seen once or twice has no "
+        "trigram statistics: scored, it decided the verdict on fluent captions with rare content words)")
     lm_oov: Literal["skip", "score"] = Field(
         "skip", description="perplexity filter: skip: an unseen word is counted, not scored (SRILM's default); "
         "score: it is scored as <unk>")
@@ -310,6 +313,10 @@ class GenerateConf(_Section):
         return v
     hits_per_query: int = Field(1, ge=1, description="retrieval hits per factual item turned into candidates")
     max_candidates: Optional[int] = Field(None, ge=1, description="cap on candidates: the same N (by a hash of their key) every run; null = all")
+    max_candidates_per_style: Optional[int] = Field(
+        None, ge=1, description="cap on candidates per target style, the same N per style (by the same hash) every "
+        "run, applied before max_candidates: retrieval from a factual corpus finds mostly the scenes of the style set "
+        "closest to it (COCO-like SentiCap here), so a global cap leaves the other styles few; null = no per-style cap")
     device: str = "auto"
     samples_to_log: int = Field(5, ge=0)
 

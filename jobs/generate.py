@@ -142,9 +142,10 @@ def fit_generator(cfg: ErgConfig, train: pd.DataFrame, held: pd.DataFrame, factu
     return gen, metrics
 
 
-def factual_background_lms(spark: SparkSession, cfg: ErgConfig, folds: int) -> list:
+def factual_background_lms(spark: SparkSession, cfg: ErgConfig, folds: int, min_count: int = 1) -> list:
     """The factual corpus P as ``folds`` trigram LMs, a caption's fold by its image (``fold_of``): trigram counts
-    are summed by Spark, so only the counts reach the driver."""
+    are summed by Spark, so only the counts reach the driver; words seen < ``min_count`` times in a fold are
+    ``<unk>``."""
     from models.trigram_lm import TrigramLM, fold_of, sentence_trigrams
 
     def trigrams(frames):
@@ -162,7 +163,8 @@ def factual_background_lms(spark: SparkSession, cfg: ErgConfig, folds: int) -> l
         if part.empty:
             raise RuntimeError(f"fold {fold} of the factual background LM is empty (P has too few images for "
                                f"generate.lm_background_folds={folds}; lower it or set 0)")
-        lms.append(TrigramLM.from_counts(list(zip(part["u"], part["v"], part["w"])), part["count"].tolist()))
+        lms.append(TrigramLM.from_counts(list(zip(part["u"], part["v"], part["w"])), part["count"].tolist(),
+                                         min_count=min_count))
     return lms
 
 
@@ -174,7 +176,8 @@ def fit_style_lms(spark: SparkSession, cfg: ErgConfig, train: pd.DataFrame, held
     from models.trigram_lm import StyleLanguageModels
 
     gc = cfg.generate
-    backgrounds = factual_background_lms(spark, cfg, gc.lm_background_folds) if gc.lm_background_folds else []
+    backgrounds = (factual_background_lms(spark, cfg, gc.lm_background_folds, gc.lm_min_count)
+                   if gc.lm_background_folds else [])
     val = held[held["split"] == "val"]
     held_out = ({style: group["caption"].tolist() for style, group in val.groupby("style")}
                 if backgrounds or len(set(train["style"])) > 1 else None)
@@ -189,6 +192,7 @@ def fit_style_lms(spark: SparkSession, cfg: ErgConfig, train: pd.DataFrame, held
             ppl = pd.Series(lms.perplexities(own, [style] * len(own)))
             metrics[f"lm.test_ppl/{style}"] = float(ppl.median())
             metrics[f"lm.test_under_ppl_max/{style}"] = float((ppl < gc.filters.ppl_max).mean())
+            metrics[f"lm.test_unscored_share/{style}"] = lms.unscored_share(own, [style] * len(own))
     return lms.save(out_dir / "trigram_lms.json"), metrics
 
 
@@ -240,10 +244,15 @@ def candidates(spark: SparkSession, cfg: ErgConfig, generator_version: str):
             .join(phrases, "scene_id").join(factual, "query_id")
             .filter(F.length("style_phrase") > 0)
             .dropDuplicates(["query_id", "scene_id", "retrieval_type"]))
+    key_hash = F.xxhash64("query_id", "scene_id", "retrieval_type")
+    if cfg.generate.max_candidates_per_style:
+        per_style = Window.partitionBy("style").orderBy(key_hash, "query_id", "scene_id", "retrieval_type")
+        cand = (cand.withColumn("_n", F.row_number().over(per_style))
+                .where(F.col("_n") <= cfg.generate.max_candidates_per_style).drop("_n"))
     if cfg.generate.max_candidates:
         # the same N candidates every run (chosen by a hash of their key), so a rerun, or a rerun after a crash,
         # completes that set instead of drawing new ones
-        cand = cand.orderBy(F.xxhash64("query_id", "scene_id", "retrieval_type")).limit(cfg.generate.max_candidates)
+        cand = cand.orderBy(key_hash).limit(cfg.generate.max_candidates)
     done = read_table(spark, cfg, "augmented_captions").filter(F.col("generator_version") == generator_version)
     cand = cand.join(done.select("query_id", "scene_id", "retrieval_type"), ["query_id", "scene_id", "retrieval_type"],
                      "left_anti")

@@ -150,18 +150,27 @@ class TrigramLM:
         return cls(vocab, uniq, counts, discounts)
 
     @classmethod
-    def from_counts(cls, trigrams: Sequence[tuple[str, str, str]], counts: Sequence[int],
+    def from_counts(cls, trigrams: Sequence[tuple[str, str, str]], counts: Sequence[int], min_count: int = 1,
                     discounts: Sequence[float] | None = None) -> TrigramLM:
         """An LM from word trigram counts (as :func:`sentence_trigrams` yields them, summed elsewhere, e.g. by a
-        Spark aggregation over a corpus too large to collect); every word seen is in the vocabulary."""
+        Spark aggregation over a corpus too large to collect). A word's count is the count of the trigrams that end
+        in it (every word of a sentence ends exactly one); words seen fewer than ``min_count`` times become
+        ``<unk>``, as :meth:`train` does."""
         if len(trigrams) != len(counts) or len(trigrams) == 0:
             raise ValueError("trigrams and counts must be non-empty and of equal length")
-        words = sorted({w for tri in trigrams for w in tri} - set(SPECIALS))
+        if min_count < 1:
+            raise ValueError(f"min_count must be >= 1, got {min_count}")
+        freq: Counter = Counter()
+        for tri, c in zip(trigrams, counts):
+            freq[tri[2]] += int(c)
+        words = sorted(w for w, c in freq.items() if c >= min_count and w not in SPECIALS)
         vocab = list(SPECIALS) + words
         word_ids = {w: i for i, w in enumerate(vocab)}
-        ids = np.asarray([[0 if w == BOS else 1 if w == EOS else word_ids[w] for w in tri] for tri in trigrams],
+        ids = np.asarray([[0 if w == BOS else 1 if w == EOS else word_ids.get(w, 2) for w in tri] for tri in trigrams],
                          dtype=np.int64)
-        return cls(vocab, ids, np.asarray(counts, dtype=np.float64), discounts)
+        uniq, inverse = np.unique(ids, axis=0, return_inverse=True)  # rare words merged into <unk>: sum their counts
+        summed = np.bincount(inverse.reshape(-1), weights=np.asarray(counts, dtype=np.float64), minlength=len(uniq))
+        return cls(vocab, uniq, summed, discounts)
 
     def _prob(self, u: np.ndarray, v: np.ndarray, w: np.ndarray) -> np.ndarray:
         """P(w | u, v) for aligned id arrays."""
@@ -393,6 +402,20 @@ class StyleLanguageModels:
             mixed = np.logaddexp.reduce(np.log(self.weights[style])[:, None] + log_probs, axis=0)
             out[rows] = _sentence_perplexities(mixed, all_oov, lengths, self.oov)
         return out
+
+    def unscored_share(self, sentences: Sequence[str], styles: Sequence[str]) -> float:
+        """The share of tokens that ``oov="skip"`` leaves out of the perplexity (unknown to every component of their
+        style's mixture): what the verdict does not look at."""
+        skipped = total = 0
+        style_arr = np.asarray(styles, dtype=object)
+        for style in set(styles):
+            texts = [sentences[i] for i in np.flatnonzero(style_arr == style)]
+            if style in self.weights:
+                _, all_oov, _ = self._component_log_probs(style, texts, None)
+            else:
+                _, all_oov, _ = self[style].token_log_probs(texts)
+            skipped, total = skipped + int(all_oov.sum()), total + len(all_oov)
+        return skipped / total if total else 0.0
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serialisable form of the style LMs, background folds, weights and OOV mode."""

@@ -87,6 +87,22 @@ def test_training_set_view_and_rerun_adds_nothing(spark, pipeline):
     assert spark.table(table_name(cfg, "augmented_captions")).count() == n_aug
 
 
+def test_per_style_candidate_cap_is_the_same_set_every_run(spark, pipeline):
+    from jobs.generate import candidates
+
+    cfg, _ = pipeline
+    full, capped = cfg.model_copy(deep=True), cfg.model_copy(deep=True)
+    full.generate.max_candidates = capped.generate.max_candidates = None
+    capped.generate.max_candidates_per_style = 3
+    keys = ["query_id", "scene_id", "retrieval_type"]
+    everything = candidates(spark, full, "none").select("style", *keys).toPandas()
+    first = candidates(spark, capped, "none").select("style", *keys).toPandas()
+    again = candidates(spark, capped, "none").select("style", *keys).toPandas()
+    available = everything.groupby("style").size()
+    assert first.groupby("style").size().to_dict() == {s: min(3, n) for s, n in available.items()}
+    assert sorted(map(tuple, first[keys].to_numpy())) == sorted(map(tuple, again[keys].to_numpy()))
+
+
 def test_killed_twice_then_rerun_equals_uninterrupted(spark, pipeline, erg_home):
     """Kill `erg run` (SIGKILL, the whole process group) at a random moment of ingest, rerun it incrementally and
     kill that at a random moment of generate, then rerun to the end: every table equals the uninterrupted run's

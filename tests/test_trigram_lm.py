@@ -150,6 +150,22 @@ def test_from_counts_equals_training_on_the_sentences():
     trained = TrigramLM.train(sentences)
     probe = ["a dog naps in the sun", "the park runs", "zebra"]
     np.testing.assert_allclose(built.perplexities(probe), trained.perplexities(probe))
+    # min_count: the words seen once ("runs" twice stays) become <unk> exactly as train() maps them
+    rare_built = TrigramLM.from_counts(list(counts), list(counts.values()), min_count=2)
+    rare_trained = TrigramLM.train(sentences, min_count=2)
+    assert rare_built.vocab == rare_trained.vocab and "runs" in rare_built.vocab and "park" not in rare_built.vocab
+    np.testing.assert_allclose(rare_built.perplexities(probe), rare_trained.perplexities(probe))
+    with pytest.raises(ValueError, match="min_count"):
+        TrigramLM.from_counts(list(counts), list(counts.values()), min_count=0)
+
+
+def test_unscored_share_counts_the_tokens_skip_leaves_out():
+    lms = StyleLanguageModels.train(["a dog runs", "a dog sits"] * 3 + ["a cat naps"], ["humor"] * 7, min_count=2,
+                                    oov="skip")
+    # "a dog flies": a, dog, flies (<unk>: "flies" unseen), </s>; "a cat naps": cat and naps seen once -> <unk>
+    assert lms.unscored_share(["a dog flies"], ["humor"]) == pytest.approx(1 / 4)
+    assert lms.unscored_share(["a cat naps", "a dog runs"], ["humor", "humor"]) == pytest.approx(2 / 8)
+    assert lms.unscored_share([], []) == 0.0
 
 
 def test_em_weights_prefer_the_component_that_fits_held_out_text():
