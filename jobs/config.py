@@ -202,7 +202,12 @@ class IndexConf(_Section):
     nprobe: int = Field(32, ge=1)
     hnsw_m: int = Field(32, ge=4)
     ef_search: int = Field(128, ge=1)
-    use_gpu: bool = False
+    use_gpu: bool = Field(False, description="search the scene indexes on every GPU Faiss sees (faiss-gpu; flat "
+                          "and ivf only: Faiss has no GPU HNSW)")
+    gpu_fallback: Literal["cpu", "error"] = Field(
+        "cpu", description="use_gpu where Faiss cannot search on a GPU (faiss-cpu, no device, hnsw): cpu = search "
+        "on CPU, logged as the metric index.faiss_gpu_fallback = 1 (0 when every index is on GPU); error = fail, "
+        "naming the fix")
 
 
 class RetrieveConf(_Section):

@@ -12,7 +12,9 @@ the ``top_k`` hits with similarity > ``min_similarity`` and, with ``exclude_same
 query's own image. The hits are MERGEd into ``retrievals`` on its key (a rerun adds nothing).
 
 Logged to MLflow: the leakage counts of :func:`jobs.leakage.leakage_counts` (all 0 on a clean pipeline); the
-index type, size and build time per modality; per type the queries, queries with >= 1 hit,
+index type, size and build time per modality; ``index.faiss_gpu_fallback`` (1 when ``retrieve.index.use_gpu`` asked
+for a GPU search that Faiss cannot do here, so the indexes search on CPU; with ``retrieve.index.gpu_fallback:
+error`` the job fails instead, before any search); per type the queries, queries with >= 1 hit,
 hits (also per style) and mean similarity as metrics and as ``table5_counts.json``/``.md`` (the paper's Table 5
 view); and ``retrieval_examples.json``/``.md``: factual caption -> retrieved stylized captions (the Fig. 3 view).
 """
@@ -29,10 +31,11 @@ from pyspark.sql import functions as F
 
 from jobs.config import ErgConfig, IndexConf
 from jobs.embed import encoder_spec
+from jobs.errors import UserError
 from jobs.leakage import leakage_counts
 from jobs.tables import merge_rows, read_table
 from jobs.tracking import job_run, log_counts
-from models.scene_index import SceneIndex, build_scene_index, retrieval_modalities
+from models.scene_index import SceneIndex, build_scene_index, faiss_gpu_fallback_reason, retrieval_modalities
 from udfs.embedding import encoder_identity
 from udfs.retrieval import (
     HIT_SCHEMA,
@@ -77,6 +80,29 @@ def build_index(scene_ids: list[str], vectors: pd.Series, conf: IndexConf) -> Sc
         stack_vectors(vectors, "scene vectors"), scene_ids, index_type,
         nlist=conf.nlist, nprobe=conf.nprobe, hnsw_m=conf.hnsw_m, ef_search=conf.ef_search,
     )
+
+
+def faiss_gpu_fallbacks(index_types: dict[str, str], conf: IndexConf) -> dict[str, str]:
+    """Modality -> why its index will search on CPU although ``conf.use_gpu`` asks for a GPU (empty when it does
+    not, or every index goes to a GPU); a :class:`jobs.errors.UserError` instead with ``gpu_fallback: error``.
+
+    Checked on the driver, whose Faiss the GPU job cluster's executors share (one node type, one library set); an
+    executor that still cannot search on a GPU falls back (with a WARNING in its log) or fails the same way.
+    """
+    if not conf.use_gpu:
+        return {}
+    reasons = {modality: faiss_gpu_fallback_reason(index_type) for modality, index_type in index_types.items()}
+    fallbacks = {modality: reason for modality, reason in reasons.items() if reason is not None}
+    if fallbacks and conf.gpu_fallback == "error":
+        modality, reason = next(iter(fallbacks.items()))
+        raise UserError(f"retrieve.index.use_gpu is true, but the {index_types[modality]} {modality} scene index "
+                        f"cannot search on a GPU: {reason}",
+                        "install faiss-gpu there, or set retrieve.index.use_gpu=false, or "
+                        "retrieve.index.gpu_fallback=cpu to search on CPU (counted as index.faiss_gpu_fallback)")
+    for modality, reason in fallbacks.items():
+        logger.warning("retrieve.index.use_gpu is true, but the %s scene index searches on CPU "
+                       "(metric index.faiss_gpu_fallback = 1): %s", modality, reason)
+    return fallbacks
 
 
 def factual_queries(
@@ -150,7 +176,8 @@ def retrieve(spark: SparkSession, cfg: ErgConfig, query_filter: DataFrame | None
     Counts: ``queries``, ``queries.<modality>`` (with a vector of it), ``scenes`` (train split),
     ``scenes.non_train_excluded``, ``leakage.*`` (:func:`jobs.leakage.leakage_counts`), ``index.<modality>.size``,
     per type ``<type>.queries``, ``<type>.queries_with_hit``, ``<type>.hits``, ``<type>.hits.<style>``,
-    ``<type>.mean_similarity``; ``retrievals.inserted``; ``encoder_version``, ``index_types`` and ``run_id``.
+    ``<type>.mean_similarity``; ``retrievals.inserted``; ``index.faiss_gpu_fallback`` (:func:`faiss_gpu_fallbacks`);
+    ``encoder_version``, ``index_types`` and ``run_id``.
     """
     import mlflow
 
@@ -181,10 +208,11 @@ def retrieve(spark: SparkSession, cfg: ErgConfig, query_filter: DataFrame | None
             counts[f"scenes_without_vector.{modality}"] = len(scenes) - len(present)
         index_types = {m: index.index_type for m, index in indexes.items()}
         mlflow.log_params({f"index.{m}.type": t for m, t in index_types.items()})
+        counts["index.faiss_gpu_fallback"] = float(bool(faiss_gpu_fallbacks(index_types, conf.index)))
         payload = ScenePayload.of(indexes, scene_image_map)
         counts["index.broadcast_bytes"] = payload.size_bytes
         plan = RetrievalPlan(tuple(conf.types), conf.top_k, conf.min_similarity, conf.exclude_same_image,
-                             exclusion_margin(scene_image_map), conf.index.use_gpu)
+                             exclusion_margin(scene_image_map), conf.index.use_gpu, conf.index.gpu_fallback)
         broadcast = spark.sparkContext.broadcast(payload)
 
         modalities = query_modalities(conf.types)

@@ -18,6 +18,12 @@ Three index types:
 Rows map to scene ids through an id array stored next to the Faiss index (scene ids are strings, which
 ``IndexIDMap``'s int64 ids cannot carry).
 
+``use_gpu`` never falls back silently: where the index cannot go to a GPU (a Faiss build without GPU support, no
+device, or an HNSW index, which Faiss has only on CPU) :func:`faiss_gpu_fallback_reason` says why; the index then
+either searches on CPU and records the reason in :attr:`SceneIndex.gpu_fallback_reason` (``gpu_fallback="cpu"``,
+with a WARNING; the retrieve job counts it as a metric) or raises :class:`FaissGpuUnavailableError`
+(``gpu_fallback="error"``).
+
 The four retrieval types of the paper (i2i, i2t, t2i, t2t) name the query modality, taken from the
 factual pair, and the target modality, taken from the stylized set: :data:`RETRIEVAL_TYPES`.
 """
@@ -46,12 +52,37 @@ RETRIEVAL_TYPES: dict[str, tuple[str, str]] = {
 """Retrieval type -> (query modality of the factual pair, target modality in the stylized set)."""
 
 INDEX_TYPES: tuple[str, ...] = ("flat", "ivf", "hnsw")
+GPU_FALLBACKS: tuple[str, ...] = ("cpu", "error")
+"""What ``use_gpu`` does where the index cannot go to a GPU: search on CPU (recorded), or raise."""
 PAPER_SIMILARITY_THRESHOLD = 0.6
 """The paper keeps a retrieved scene only if its cosine similarity is > 0.6."""
 
 HIT_COLUMNS: tuple[str, ...] = ("query_row", "scene_id", "similarity", "rank")
 _BLOB_MAGIC = b"ERGSIDX1"
 _NORM_TOLERANCE = 1e-3
+
+
+class FaissGpuUnavailableError(RuntimeError):
+    """``use_gpu`` was asked for with ``gpu_fallback="error"``, and the scene index cannot search on a GPU here."""
+
+
+def faiss_gpu_fallback_reason(index_type: str) -> str | None:
+    """Why a ``use_gpu`` scene index of ``index_type`` would search on CPU on this machine; None when it goes to
+    the GPU(s)."""
+    if not hasattr(faiss, "StandardGpuResources"):
+        return ("this Faiss build has no GPU support (faiss-cpu is installed): install faiss-gpu "
+                "(the wheel's [gpu] extra, faiss-gpu-cu12) on the GPU machines")
+    if faiss.get_num_gpus() == 0:
+        return "Faiss (with GPU support) sees no GPU on this machine (no CUDA device, or CUDA_VISIBLE_DEVICES is empty)"
+    if index_type == "hnsw":
+        return "Faiss has no GPU HNSW index: use index type flat or ivf for a GPU search"
+    return None
+
+
+def _gpu_fallback_policy(value: str) -> str:
+    if value not in GPU_FALLBACKS:
+        raise ValueError(f"gpu_fallback must be one of {list(GPU_FALLBACKS)}, got {value!r}")
+    return value
 
 
 class ModalityPair(NamedTuple):
@@ -133,8 +164,13 @@ class SceneIndex:
     """A Faiss inner-product index over unit vectors of stylized scenes, with their scene ids.
 
     Build it with :func:`build_scene_index`; query it with :meth:`search`; ship it to executors with
-    :meth:`to_bytes` / :meth:`from_bytes`.
+    :meth:`to_bytes` / :meth:`from_bytes`. ``use_gpu`` moves a flat or IVF index to every GPU Faiss sees; where it
+    cannot (:func:`faiss_gpu_fallback_reason`), ``gpu_fallback="cpu"`` searches on CPU and records why in
+    :attr:`gpu_fallback_reason`, ``gpu_fallback="error"`` raises :class:`FaissGpuUnavailableError`.
     """
+
+    gpu_fallback_reason: str | None
+    """Why this index searches on CPU although ``use_gpu`` was asked for; None when it was not, or it is on GPU."""
 
     def __init__(
         self,
@@ -143,6 +179,7 @@ class SceneIndex:
         index_type: str,
         params: dict[str, int],
         use_gpu: bool = False,
+        gpu_fallback: str = "cpu",
     ) -> None:
         if index.ntotal != len(scene_ids):
             raise ValueError(f"the Faiss index holds {index.ntotal} vectors but {len(scene_ids)} scene ids were given")
@@ -150,17 +187,24 @@ class SceneIndex:
         self.scene_ids = scene_ids
         self.index_type = index_type
         self.params = dict(params)
+        _gpu_fallback_policy(gpu_fallback)
         _apply_search_params(index, index_type, self.params)
-        self._search_index = self._to_gpu(index) if use_gpu else index
+        self.gpu_fallback_reason = None
+        self._search_index = self._to_gpu(index, gpu_fallback) if use_gpu else index
 
-    def _to_gpu(self, index: faiss.Index) -> faiss.Index:
+    def _to_gpu(self, index: faiss.Index, gpu_fallback: str) -> faiss.Index:
+        reason = faiss_gpu_fallback_reason(self.index_type)
+        if reason is not None:
+            if gpu_fallback == "error":
+                raise FaissGpuUnavailableError(
+                    f"use_gpu was asked for the {self.index_type} scene index, but {reason}; or search on CPU: "
+                    f"use_gpu=False, or gpu_fallback='cpu' (erg conf: retrieve.index.use_gpu / "
+                    f"retrieve.index.gpu_fallback)"
+                )
+            self.gpu_fallback_reason = reason
+            logger.warning("use_gpu asked for, but the %s scene index searches on CPU: %s", self.index_type, reason)
+            return index
         gpus = faiss.get_num_gpus()
-        if gpus == 0:
-            logger.info("use_gpu asked for, but Faiss sees no GPU (faiss-cpu or no device): searching on CPU")
-            return index
-        if self.index_type == "hnsw":
-            logger.info("Faiss has no GPU HNSW index: the hnsw scene index searches on CPU")
-            return index
         logger.info("moving the %s scene index to %d GPU(s)", self.index_type, gpus)
         return faiss.index_cpu_to_all_gpus(index)
 
@@ -221,8 +265,9 @@ class SceneIndex:
         return _BLOB_MAGIC + struct.pack("<Q", len(header)) + header + faiss_bytes
 
     @classmethod
-    def from_bytes(cls, blob: bytes, use_gpu: bool = False) -> "SceneIndex":
-        """Rebuild a :class:`SceneIndex` from :meth:`to_bytes`; ``use_gpu`` as in :func:`build_scene_index`."""
+    def from_bytes(cls, blob: bytes, use_gpu: bool = False, gpu_fallback: str = "cpu") -> "SceneIndex":
+        """Rebuild a :class:`SceneIndex` from :meth:`to_bytes`; ``use_gpu`` and ``gpu_fallback`` as in
+        :func:`build_scene_index`."""
         view = memoryview(blob)
         start = len(_BLOB_MAGIC) + 8
         if len(view) < start or bytes(view[: len(_BLOB_MAGIC)]) != _BLOB_MAGIC:
@@ -233,7 +278,8 @@ class SceneIndex:
         header = json.loads(bytes(view[start : start + header_length]).decode("utf-8"))
         index = faiss.deserialize_index(np.frombuffer(view[start + header_length :], dtype=np.uint8))
         scene_ids = np.array(header["scene_ids"], dtype=object)
-        return cls(index, scene_ids, header["index_type"], header["params"], use_gpu=use_gpu)
+        return cls(index, scene_ids, header["index_type"], header["params"], use_gpu=use_gpu,
+                   gpu_fallback=gpu_fallback)
 
 
 def _hit_frame(
@@ -254,6 +300,7 @@ def build_scene_index(
     hnsw_m: int = 32,
     ef_search: int = 128,
     use_gpu: bool = False,
+    gpu_fallback: str = "cpu",
 ) -> SceneIndex:
     """Index the unit vectors of the stylized scenes of one target modality under their scene ids.
 
@@ -262,10 +309,13 @@ def build_scene_index(
     ``ivf`` (``nlist`` lists, default :func:`default_nlist`, ``nprobe`` scanned per query, capped at
     ``nlist``) or ``hnsw`` (``hnsw_m`` links per node, ``ef_search`` candidates per query).
     ``use_gpu`` moves the flat or IVF index to every GPU with ``faiss.index_cpu_to_all_gpus`` when
-    faiss-gpu sees one (``faiss.get_num_gpus() > 0``), and otherwise searches on CPU.
+    faiss-gpu sees one (``faiss.get_num_gpus() > 0``); otherwise (or for ``hnsw``) ``gpu_fallback="cpu"``
+    searches on CPU and records why in :attr:`SceneIndex.gpu_fallback_reason`, and ``gpu_fallback="error"``
+    raises :class:`FaissGpuUnavailableError`.
     """
     if index_type not in INDEX_TYPES:
         raise ValueError(f"unknown index_type {index_type!r}: allowed are {list(INDEX_TYPES)}")
+    _gpu_fallback_policy(gpu_fallback)
     array = _unit_vectors(vectors, "scene vectors")
     count, dim = array.shape
     if count == 0:
@@ -292,4 +342,4 @@ def build_scene_index(
         }
         index = faiss.IndexHNSWFlat(dim, params["hnsw_m"], faiss.METRIC_INNER_PRODUCT)
     index.add(array)
-    return SceneIndex(index, ids, index_type, params, use_gpu=use_gpu)
+    return SceneIndex(index, ids, index_type, params, use_gpu=use_gpu, gpu_fallback=gpu_fallback)

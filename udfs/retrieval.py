@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from models.scene_index import MODALITIES, RETRIEVAL_TYPES, SceneIndex, retrieval_modalities
+from models.scene_index import GPU_FALLBACKS, MODALITIES, RETRIEVAL_TYPES, SceneIndex, retrieval_modalities
 from udfs.runtime import cached_model
 
 QUERY_COLUMNS: tuple[str, ...] = ("query_id", "query_image_id", "text_vector", "image_vector")
@@ -86,7 +86,8 @@ def stack_vectors(vectors: Sequence[Any] | pd.Series, what: str) -> np.ndarray:
 
 @dataclass(frozen=True)
 class RetrievalPlan:
-    """What to retrieve: types, top-k, the strict similarity threshold, same-image exclusion, GPU search."""
+    """What to retrieve: types, top-k, the strict similarity threshold, same-image exclusion, GPU search (and what
+    to do where Faiss cannot search on a GPU: ``gpu_fallback``, see :class:`models.scene_index.SceneIndex`)."""
 
     types: tuple[str, ...]
     top_k: int
@@ -94,6 +95,7 @@ class RetrievalPlan:
     exclude_same_image: bool = True
     margin: int = 0
     use_gpu: bool = False
+    gpu_fallback: str = "cpu"
 
     def __post_init__(self) -> None:
         if not self.types:
@@ -108,6 +110,8 @@ class RetrievalPlan:
             raise ValueError(f"min_similarity must lie in [-1, 1] (cosine similarity), got {self.min_similarity}")
         if isinstance(self.margin, bool) or not isinstance(self.margin, int) or self.margin < 0:
             raise ValueError(f"margin must be an integer >= 0, got {self.margin!r}")
+        if self.gpu_fallback not in GPU_FALLBACKS:
+            raise ValueError(f"gpu_fallback must be one of {list(GPU_FALLBACKS)}, got {self.gpu_fallback!r}")
 
     @property
     def search_k(self) -> int:
@@ -130,9 +134,11 @@ class ScenePayload:
             raise ValueError(f"index modalities {unknown} are not among {list(MODALITIES)}")
         return cls({modality: index.to_bytes() for modality, index in indexes.items()}, dict(scene_images))
 
-    def indexes(self, use_gpu: bool = False) -> dict[str, SceneIndex]:
-        """The indexes rebuilt from their blobs (on every GPU Faiss sees when ``use_gpu``)."""
-        return {modality: SceneIndex.from_bytes(blob, use_gpu=use_gpu) for modality, blob in self.blobs.items()}
+    def indexes(self, use_gpu: bool = False, gpu_fallback: str = "cpu") -> dict[str, SceneIndex]:
+        """The indexes rebuilt from their blobs (on every GPU Faiss sees when ``use_gpu``; where it sees none,
+        ``gpu_fallback`` as in :class:`models.scene_index.SceneIndex`)."""
+        return {modality: SceneIndex.from_bytes(blob, use_gpu=use_gpu, gpu_fallback=gpu_fallback)
+                for modality, blob in self.blobs.items()}
 
     @property
     def size_bytes(self) -> int:
@@ -211,11 +217,11 @@ def retrieval_partitions(payload: Any, plan: RetrievalPlan) -> Callable[[Iterato
     worker and broadcast (cached under a key drawn here on the driver, one per broadcast use), not once per task
     or batch.
     """
-    key = ("scene_indexes", uuid.uuid4().hex, plan.use_gpu)
+    key = ("scene_indexes", uuid.uuid4().hex, plan.use_gpu, plan.gpu_fallback)
 
     def run(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         value: ScenePayload = payload.value
-        indexes = cached_model(key, lambda: value.indexes(use_gpu=plan.use_gpu))
+        indexes = cached_model(key, lambda: value.indexes(use_gpu=plan.use_gpu, gpu_fallback=plan.gpu_fallback))
         for frame in frames:
             yield search_queries(frame, indexes, value.scene_images, plan)
 

@@ -18,23 +18,40 @@ _LOCK = threading.Lock()
 T = TypeVar("T")
 
 
+def _task_gpu_addresses() -> list[str]:
+    """The GPU addresses Spark assigned to the running task; empty outside a Spark task (on the driver, in plain
+    Python, or where pyspark is not installed) and on a task that claims no GPU."""
+    try:
+        from pyspark import TaskContext
+    except ImportError:  # models used without Spark
+        return []
+    ctx = TaskContext.get()
+    if ctx is None:  # not inside a Spark task
+        return []
+    gpus = ctx.resources().get("gpu")
+    return list(gpus.addresses) if gpus is not None else []
+
+
 def task_device(preferred: str = "auto") -> str:
-    """``cuda:<addr>`` from the task's GPU resource when Spark assigned one, else what ``preferred`` resolves to."""
+    """``cuda:<addr>`` from the task's GPU resource when Spark assigned one, else what ``preferred`` resolves to.
+
+    A task that Spark gave a GPU (``spark.task.resource.gpu.amount``) on a worker where torch sees no CUDA device
+    fails, naming the fix, rather than running on CPU unnoticed; ``preferred="cpu"`` asks for the CPU explicitly.
+    """
     from models.backbones import pick_device
 
     if preferred == "auto":
-        try:
-            from pyspark import TaskContext
+        addresses = _task_gpu_addresses()
+        if addresses:
+            import torch
 
-            ctx = TaskContext.get()
-            gpus = ctx.resources().get("gpu") if ctx is not None else None
-            if gpus is not None and gpus.addresses:
-                import torch
-
-                if torch.cuda.is_available():
-                    return f"cuda:{int(gpus.addresses[0]) % torch.cuda.device_count()}"
-        except Exception:  # noqa: BLE001 - no task context outside Spark: fall back below
-            pass
+            if not torch.cuda.is_available():
+                raise RuntimeError(
+                    f"Spark assigned GPU {addresses[0]} to this task, but torch {torch.__version__} sees no CUDA "
+                    f"device (CPU-only torch build, or no NVIDIA driver): install a CUDA build of torch on the "
+                    f"workers, or set the model's device to cpu (e.g. --set embed.encoder.device=cpu)"
+                )
+            return f"cuda:{int(addresses[0]) % torch.cuda.device_count()}"
     return str(pick_device(preferred))
 
 
