@@ -230,6 +230,25 @@ def main() -> None:
                    "perplexity": float(under.mean()),
                    "per_style_perplexity": {s: float(under[(genuine["style"] == s).to_numpy()].mean())
                                             for s in sorted(genuine["style"].unique())}}
+    # ... and broken versions of them: the perplexity filter must still reject those (word order shuffled; one
+    # train-split word inserted at a random place, the damage a badly placed phrase word does)
+    rng = np.random.default_rng(5)
+    train_words = [w for c in train["caption"] for w in c.split()]
+
+    def shuffled(caption: str) -> str:
+        words = caption.split()
+        return " ".join(words[i] for i in rng.permutation(len(words)))
+
+    def inserted(caption: str) -> str:
+        words = caption.split()
+        words.insert(int(rng.integers(len(words) + 1)), train_words[int(rng.integers(len(train_words)))])
+        return " ".join(words)
+
+    styles = genuine["style"].tolist()
+    for name, damage in (("shuffled", shuffled), ("one_word_inserted", inserted)):
+        broken = lms.perplexities([damage(c) for c in genuine["caption"]], styles)
+        calibration[f"perplexity_{name}"] = float((broken < filters["ppl_max"]).mean())
+    calibration["unscored_token_share"] = lms.unscored_share(genuine["caption"].tolist(), styles)
     print("real test captions through the style and perplexity filters:", json.dumps(calibration), flush=True)
 
     learned = [n for n in results if n != "graft"]
@@ -258,7 +277,7 @@ def main() -> None:
         "conf_default": {"init": g.init, "constraint": decoding.constraint, "strategy": decoding.strategy},
         "candidates": len(cand), "candidates_without_style_words": int((~asked).sum()),
         "rebuild_captions": len(held), "generator_version": current["version"],
-        "lm": {"oov": lms.oov, "background_folds": len(lms.backgrounds),
+        "lm": {"oov": lms.oov, "min_count": cfg.generate.lm_min_count, "background_folds": len(lms.backgrounds),
                "weights": {s: dict(zip(lms.components(s), np.round(w, 3).tolist())) for s, w in lms.weights.items()}},
         "real_test_captions_passing": calibration,
         "generators": results,
@@ -272,7 +291,10 @@ def main() -> None:
              f"place), {len(held)} held-out captions rebuilt.\n",
              f"Real test-split stylized captions through the same filters (calibration): style "
              f"{calibration['style']:.3f}, perplexity < {filters['ppl_max']:g} {calibration['perplexity']:.3f} "
-             f"({', '.join(f'{k} {v:.3f}' for k, v in calibration['per_style_perplexity'].items())}).\n",
+             f"({', '.join(f'{k} {v:.3f}' for k, v in calibration['per_style_perplexity'].items())}); broken "
+             f"versions under the perplexity filter: words shuffled {calibration['perplexity_shuffled']:.3f}, one word "
+             f"inserted {calibration['perplexity_one_word_inserted']:.3f}; tokens left unscored "
+             f"{calibration['unscored_token_share']:.3f}.\n",
              "| generator | nonword | rep. trigram | content recall | phrase uptake | target style | pass | "
              "rebuild BLEU-4 | captions/s | bar |", "|---" * 10 + "|"]
     for n, r in results.items():
