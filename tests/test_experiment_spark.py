@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from planted_tables import append_rows, set_current_scoring
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -29,16 +30,6 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow]
 STYLES = ["humor", "positive"]
 CURRENT, OLD = "gen-current", "gen-old"
 PLANTED_SUFFIX = "!!"
-
-
-def _append(spark, cfg, table: str, frame) -> None:
-    from jobs.tables import TABLES, conform, table_name
-
-    fields = TABLES[table].schema.fields
-    frame = frame.assign(**{f.name: None for f in fields if f.name not in frame.columns})[[f.name for f in fields]]
-    rows = frame.astype(object).where(frame.notna(), None)
-    conform(spark.createDataFrame(rows, schema=TABLES[table].schema), table).write.format("delta") \
-        .mode("append").saveAsTable(table_name(cfg, table))
 
 
 def _load(spark, cfg) -> dict:
@@ -55,9 +46,9 @@ def _load(spark, cfg) -> dict:
     row = images.index[images["image_id"] == test["image_id"]][0]
     planted = test["caption"].upper().rstrip(" .") + PLANTED_SUFFIX  # the same words, other casing and punctuation
     images.at[row, "descriptions"] = list(images.at[row, "descriptions"]) + [planted]
-    _append(spark, cfg, "stylized_captions", stylized.assign(ingest_time=now, run_id="fixture"))
-    _append(spark, cfg, "factual_captions", frames["factual_captions"].assign(ingest_time=now, run_id="fixture"))
-    _append(spark, cfg, "images", images.assign(ingest_time=now, run_id="fixture"))
+    append_rows(spark, cfg, "stylized_captions", stylized.assign(ingest_time=now, run_id="fixture"))
+    append_rows(spark, cfg, "factual_captions", frames["factual_captions"].assign(ingest_time=now, run_id="fixture"))
+    append_rows(spark, cfg, "images", images.assign(ingest_time=now, run_id="fixture"))
     return {"stylized": stylized, "factual": frames["factual_captions"], "images": images,
             "test_image": test["image_id"], "planted": planted,
             "descriptions": [d for d in images.at[row, "descriptions"] if d != planted], "tags": images.at[row, "tags"]}
@@ -81,30 +72,12 @@ def _plant_augmented(spark, cfg, stylized, factual) -> dict[str, int]:
 
     frame = pd.DataFrame(rows)
     now = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
-    _append(spark, cfg, "augmented_captions", frame.assign(
+    append_rows(spark, cfg, "augmented_captions", frame.assign(
         style_phrase="planted", similarity=0.9, passed_style=True, passed_perplexity=True, passed_similarity=True,
         passed=True, run_id="planted", created_at=now))
     current = frame[frame["generator_version"] == CURRENT]
     return {"current": current.groupby("style").size().to_dict(), "old": int((frame["generator_version"] == OLD).sum()),
             "current_by_type": current.groupby(["style", "retrieval_type"]).size().to_dict()}
-
-
-def _current_models(cfg, stylized, factual) -> None:
-    from jobs.extract import EVALUATION_CLASSIFIERS
-    from jobs.model_store import model_dir, set_current
-    from models.caption_scoring import train_evaluation_classifiers
-    from models.trigram_lm import StyleLanguageModels
-
-    train = stylized[stylized["split"] == "train"]
-    classifiers = train_evaluation_classifiers(
-        "linear_probe", {s: train.loc[train["style"] == s, "caption"].tolist() for s in STYLES},
-        factual["caption"].tolist(), device="cpu", max_length=32)
-    folder = classifiers.save(model_dir(cfg, EVALUATION_CLASSIFIERS, "fixture"))
-    set_current(cfg, EVALUATION_CLASSIFIERS, {"path": folder, "version": "fixture", "kind": "linear_probe",
-                                              "styles": STYLES, "factual_label": "factual"})
-    lm_path = StyleLanguageModels.train(train["caption"].tolist(), train["style"].tolist()).save(
-        Path(cfg.home) / "lms.json")
-    set_current(cfg, "generator", {"lm_path": lm_path, "version": CURRENT})
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +100,7 @@ def setup(spark, erg_home) -> dict:
     register_tables(spark, cfg)
     loaded = _load(spark, cfg)
     augmented = _plant_augmented(spark, cfg, loaded["stylized"], loaded["factual"])
-    _current_models(cfg, loaded["stylized"], loaded["factual"])
+    set_current_scoring(cfg, loaded["stylized"], loaded["factual"], STYLES, CURRENT)
     return {"cfg": cfg, "overrides": overrides, "augmented": augmented, **loaded}
 
 

@@ -19,6 +19,7 @@ import os
 from pathlib import Path
 
 import pytest
+from planted_tables import append_rows, set_current_scoring
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -27,17 +28,6 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow]
 STYLES = ["humor", "positive"]  # one FlickrStyle10K and one SentiCap style of the sample
 PETASTORM = importlib.util.find_spec("petastorm") is not None
 NIC = "{embed_dim: 32, hidden_dim: 64}"
-
-
-def _append(spark, cfg, table: str, frame) -> None:
-    """Append pandas rows (missing nullable columns NULL) to an (empty) table of the schema."""
-    from jobs.tables import TABLES, conform, table_name
-
-    fields = TABLES[table].schema.fields
-    frame = frame.assign(**{f.name: None for f in fields if f.name not in frame.columns})[[f.name for f in fields]]
-    rows = frame.astype(object).where(frame.notna(), None)
-    conform(spark.createDataFrame(rows, schema=TABLES[table].schema), table).write.format("delta") \
-        .mode("append").saveAsTable(table_name(cfg, table))
 
 
 def _load_sample(spark, cfg) -> tuple:
@@ -51,7 +41,7 @@ def _load_sample(spark, cfg) -> tuple:
     frames = read_sources(cfg, sample_sources(cfg))[0].frames()
     now = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
     stylized = assign_splits(frames["stylized_captions"], cfg.ingest.split_fractions)
-    _append(spark, cfg, "stylized_captions", stylized.assign(ingest_time=now, run_id="fixture"))
+    append_rows(spark, cfg, "stylized_captions", stylized.assign(ingest_time=now, run_id="fixture"))
     spec = encoder_spec(cfg)
     identity = encoder_identity(spec)
     images = frames["images"]
@@ -59,7 +49,7 @@ def _load_sample(spark, cfg) -> tuple:
                           region_features=None)
     vectors = embed_batch(spec.load("cpu"), items, batch_size=64)
     vectors = vectors[vectors["skip_reason"].isna()].drop(columns="skip_reason")
-    _append(spark, cfg, "embeddings", vectors.assign(encoder=identity.name, encoder_version=identity.version,
+    append_rows(spark, cfg, "embeddings", vectors.assign(encoder=identity.name, encoder_version=identity.version,
                                                      run_id="fixture", created_at=now))
     factual = assign_splits(frames["factual_captions"], cfg.ingest.split_fractions)
     return stylized, factual, identity.version
@@ -80,31 +70,11 @@ def _plant_augmented(spark, cfg, stylized, factual) -> int:
                                                                           "style", "generated_caption", "scene_id"]]
     planted.loc[len(planted)] = ["q-missing", "img:no-vector", "a dog on the grass", "humor", captions[0], scenes[0]]
     now = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
-    _append(spark, cfg, "augmented_captions", planted.assign(
+    append_rows(spark, cfg, "augmented_captions", planted.assign(
         retrieval_type="t2t", style_phrase="planted", similarity=0.9,
         passed_style=True, passed_perplexity=True, passed_similarity=True, passed=True,
         generator_version="planted", run_id="planted", created_at=now))
     return len(chosen)
-
-
-def _current_classifier_and_lms(cfg, stylized, factual) -> None:
-    """Evaluation classifiers (style vs factual, linear probes over MiniLM) and per-style trigram LMs (train split),
-    as the current ones."""
-    from jobs.extract import EVALUATION_CLASSIFIERS
-    from jobs.model_store import model_dir, set_current
-    from models.caption_scoring import train_evaluation_classifiers
-    from models.trigram_lm import StyleLanguageModels
-
-    train = stylized[stylized["split"] == "train"]
-    classifiers = train_evaluation_classifiers(
-        "linear_probe", {s: train.loc[train["style"] == s, "caption"].tolist() for s in STYLES},
-        factual["caption"].tolist(), device="cpu", max_length=32)
-    folder = classifiers.save(model_dir(cfg, EVALUATION_CLASSIFIERS, "fixture"))
-    set_current(cfg, EVALUATION_CLASSIFIERS, {"path": folder, "version": "fixture", "kind": "linear_probe",
-                                              "styles": STYLES, "factual_label": "factual"})
-    lm_path = StyleLanguageModels.train(train["caption"].tolist(), train["style"].tolist()).save(
-        Path(cfg.home) / "lms.json")
-    set_current(cfg, "generator", {"lm_path": lm_path, "version": "fixture"})
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +96,7 @@ def trained(spark, erg_home) -> dict:
     get_spark(cfg)
     stylized, factual, encoder_version = _load_sample(spark, cfg)
     planted = _plant_augmented(spark, cfg, stylized, factual)
-    _current_classifier_and_lms(cfg, stylized, factual)
+    set_current_scoring(cfg, stylized, factual, STYLES, "fixture")
     original_cfg = load_config("test", base + ["train.use_augmented=false",
                                                f"train.reader={'petastorm' if PETASTORM else 'parquet'}"])
     with pytest.warns(RuntimeWarning, match="petastorm") if PETASTORM else contextlib.nullcontext():
