@@ -175,6 +175,15 @@ def worker_config(cfg: ErgConfig, train_paths: list[str], output_dir: Path, feat
             "regions_column": regions_column}
 
 
+def _record_summary(config: dict[str, Any], summary: dict[str, Any] | None) -> None:
+    """Rank 0's summary (None on other ranks: nothing written) to ``<output_dir>/train_summary.json``, atomically."""
+    if summary is not None:
+        path = Path(config["output_dir"]) / SUMMARY_FILE
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(summary))
+        tmp.replace(path)
+
+
 def train_and_record(config: dict[str, Any]) -> dict[str, Any] | None:
     """:func:`models.captioner_training.train_worker`, with rank 0's summary also written as JSON to
     ``<output_dir>/train_summary.json``.
@@ -186,11 +195,7 @@ def train_and_record(config: dict[str, Any]) -> dict[str, Any] | None:
     from models.captioner_training import train_worker
 
     summary = train_worker(config)
-    if summary is not None:
-        path = Path(config["output_dir"]) / SUMMARY_FILE
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(summary))
-        tmp.replace(path)
+    _record_summary(config, summary)
     return summary
 
 
@@ -201,11 +206,7 @@ def train_and_record_many(configs: list[dict[str, Any]]) -> list[dict[str, Any] 
 
     summaries = train_workers(configs)
     for config, summary in zip(configs, summaries):
-        if summary is not None:
-            path = Path(config["output_dir"]) / SUMMARY_FILE
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(summary))
-            tmp.replace(path)
+        _record_summary(config, summary)
     return summaries
 
 

@@ -118,6 +118,18 @@ def render_fig5(points: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _save(fig, axes, path: str | Path) -> Path:
+    """The legend on the first panel, then the figure written as a PNG at ``path`` and closed."""
+    import matplotlib.pyplot as plt
+
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def plot_table2(rows: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
     """Bars of CIDEr and cls., original vs augmented, per style x captioner (PNG)."""
     import matplotlib
@@ -134,12 +146,7 @@ def plot_table2(rows: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
             ax.bar([i + offset for i in range(len(cells))], heights, width=0.4, label=variant)
         ax.set_xticks(range(len(cells)), [f"{s}\n{c}" for s, c in cells], fontsize=8)
         ax.set_title(title)
-    axes[0].legend(fontsize=8)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, axes, path)
 
 
 def plot_fig5(points: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
@@ -158,12 +165,7 @@ def plot_fig5(points: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
     for ax, title in ((axes[0], "CIDEr x 100"), (axes[1], "cls. (%)")):
         ax.set_xlabel("augmented pairs used (%)")
         ax.set_title(title)
-    axes[0].legend(fontsize=8)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, axes, path)
 
 
 def render_report(result: Mapping[str, Any]) -> str:
