@@ -334,12 +334,19 @@ def teacher_forcing_loss(model: nn.Module, features: torch.Tensor, tokens: torch
     return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=pad_id)
 
 
+def _never_emitted(vocab: CaptionVocab, device: torch.device) -> torch.Tensor:
+    """Token ids decoding never writes: ``<pad>``, ``<bos>``, the style tokens, and ``<unk>`` (rare words are
+    ``<unk>`` in training; a caption that writes one says nothing a reader or a metric can use)."""
+    return torch.tensor([vocab.pad_id, vocab.bos_id, vocab.unk_id, *vocab.style_ids], device=device)
+
+
 def greedy_decode(model: Captioner, features: torch.Tensor, style: str | Sequence[str], max_len: int = 20,
                   region_padding_mask: torch.Tensor | None = None) -> list[str]:
     """Greedy captions for a batch of images in ``style`` (one style for all, or one per image).
 
     At most ``max_len`` tokens are generated per image (``<eos>`` included); ``<pad>``, ``<bos>`` and style tokens
-    are never emitted. The model's train/eval mode is restored afterwards.
+    and ``<unk>`` are never emitted (a caption is scored and read as words). The model's train/eval mode is
+    restored afterwards.
     """
     vocab = model.vocab
     if max_len < 1:
@@ -356,7 +363,7 @@ def greedy_decode(model: Captioner, features: torch.Tensor, style: str | Sequenc
     tokens = torch.tensor([[vocab.style_id(s), vocab.bos_id] for s in styles], dtype=torch.long, device=device)
     if region_padding_mask is not None:
         region_padding_mask = region_padding_mask.to(device)
-    banned = torch.tensor([vocab.pad_id, vocab.bos_id, *vocab.style_ids], device=device)
+    banned = _never_emitted(vocab, device)
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
     was_training = model.training
     model.eval()
@@ -384,7 +391,8 @@ def beam_decode(model: Captioner, features: torch.Tensor, style: str | Sequence[
     ``length ** length_penalty`` (0: the plain sum). A beam stops when it writes ``<eos>`` among the ``beam_size``
     best continuations; an image is done when ``beam_size`` captions have ended and no open beam can beat them (or
     after ``max_len`` tokens, when the open beams are kept as they stand).
-    ``<pad>``, ``<bos>`` and style tokens are never emitted; with ``beam_size`` 1 the first caption is the greedy one.
+    ``<pad>``, ``<bos>``, style tokens and ``<unk>`` are never emitted; with ``beam_size`` 1 the first caption is the
+    greedy one.
     """
     vocab = model.vocab
     if isinstance(beam_size, bool) or not isinstance(beam_size, int) or beam_size < 1:
@@ -406,7 +414,7 @@ def beam_decode(model: Captioner, features: torch.Tensor, style: str | Sequence[
                           device=device)
     scores = torch.full((batch, k), float("-inf"), device=device)
     scores[:, 0] = 0.0  # one live beam per image at the start: the others would repeat it
-    banned = torch.tensor([vocab.pad_id, vocab.bos_id, *vocab.style_ids], device=device)
+    banned = _never_emitted(vocab, device)
     ended: list[list[tuple[list[int], float, int]]] = [[] for _ in range(batch)]
     done = [False] * batch
 

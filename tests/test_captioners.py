@@ -173,6 +173,19 @@ def test_beam_of_one_is_greedy_and_bad_arguments_fail(kind: str, vocab: CaptionV
         beam_decode(model, features, ["humor", "romantic"])
 
 
+@pytest.mark.parametrize("kind", ["nic", "transformer"])
+def test_decoding_never_writes_unk(kind: str, vocab: CaptionVocab) -> None:
+    model = tiny(kind, vocab)
+    with torch.no_grad():
+        model.out.bias[vocab.unk_id] = 50.0  # <unk> is every step's most likely token
+        assert model(torch.randn(1, 8), vocab.encode_batch(["a"], ["humor"])[:, :2])[0, -1].argmax() == vocab.unk_id
+    features = torch.randn(3, 8)
+    greedy = greedy_decode(model, features, "humor", max_len=6)
+    beams = beam_decode(model, features, "humor", beam_size=3, max_len=6)
+    written = greedy + [caption for candidates in beams for caption, _ in candidates]
+    assert len(written) > 3 and all("<unk>" not in c.split() for c in written)
+
+
 def test_transformer_decode_length_limit(vocab: CaptionVocab) -> None:
     model = tiny("transformer", vocab)
     with pytest.raises(ValueError, match="max_len 30 needs 31 positions"):
