@@ -9,8 +9,10 @@
 3. takes its shard of the rows through ``DistributedSampler`` and trains the captioner wrapped in DDP (or with
    Horovod's ``DistributedOptimizer``) with Adam (the paper's recipe) or AdamW, optionally with scheduled sampling
    (the probability of feeding the model's own sample back instead of the gold word rises with the epochs);
-4. reports every ``log_every`` steps to an optional ``on_step(step, metrics)`` callback (rank 0 only), saves the
-   model and its vocabulary from rank 0 to ``output_dir`` and returns the loss curve from rank 0 (None elsewhere).
+4. reports every ``log_every`` steps to an optional ``on_step(step, metrics)`` callback (rank 0 only) and, after
+   each epoch, one progress line on rank 0's stderr (which TorchDistributor and Horovod relay to the driver's
+   output): model i/n, epoch, mean loss, seconds; saves the model and its vocabulary from rank 0 to ``output_dir``
+   and returns the loss curve from rank 0 (None elsewhere).
 
 Every rank reads all rows (the sampler needs the whole index) and builds the same vocabulary from them.
 
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
@@ -399,13 +402,19 @@ def train_workers(configs: list[dict[str, Any]]) -> list[dict[str, Any] | None]:
     device = _worker_device(parsed[0].device, local_rank)
     collective = _join(parsed[0].backend, device)
     try:
-        return [_train(cfg, collective, device, None) for cfg in parsed]
+        return [_train(cfg, collective, device, None, (i, len(parsed))) for i, cfg in enumerate(parsed, 1)]
     finally:
         collective.close()
 
 
+def _progress(cfg: TrainConfig, model_of: tuple[int, int], epoch: int, loss: float, started: float) -> str:
+    """One line of training progress, e.g. ``train 2/8 nic (humor-augmented): epoch 3/8 loss 2.914 (412 s)``."""
+    return (f"train {model_of[0]}/{model_of[1]} {cfg.kind} ({Path(cfg.output_dir).name}): epoch {epoch + 1}/"
+            f"{cfg.epochs} loss {loss:.3f} ({time.time() - started:.0f} s)")
+
+
 def _train(cfg: TrainConfig, collective: _Collective, device: torch.device,
-           on_step: OnStep | None) -> dict[str, Any] | None:
+           on_step: OnStep | None, model_of: tuple[int, int] = (1, 1)) -> dict[str, Any] | None:
     started = time.time()
     data = read_caption_parquet(cfg.train_paths, cfg.feature_column, cfg.style_column, cfg.caption_column,
                                 cfg.feature_regions, cfg.regions_column)
@@ -463,6 +472,8 @@ def _train(cfg: TrainConfig, collective: _Collective, device: torch.device,
             if on_step is not None and collective.rank == 0 and (step % cfg.log_every == 0 or step == total_steps):
                 on_step(step, {"loss": value, "epoch": float(epoch)})
         epoch_losses.append(float(np.mean(losses[epoch_start:])))
+        if collective.rank == 0:
+            print(_progress(cfg, model_of, epoch, epoch_losses[-1], started), file=sys.stderr, flush=True)
 
     shards = collective.gather(shard)
     if collective.rank != 0:

@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from models.captioner_training import HOROVOD_INSTALL_HINT, TrainConfig, read_caption_parquet, train_worker
+from models.captioner_training import HOROVOD_INSTALL_HINT, TrainConfig, read_caption_parquet, train_worker, train_workers
 from models.captioners import greedy_decode, load_captioner
 
 torch.set_num_threads(1)
@@ -86,6 +86,18 @@ def test_single_process_transformer_over_regions(train_file: str, prototypes: np
     decoded = greedy_decode(model, regions, ["humor", "romantic", "romantic", "humor"], max_len=12)
     assert decoded == [caption_of(0, "humor"), caption_of(1, "romantic"), caption_of(2, "romantic"),
                        caption_of(3, "humor")]
+
+
+def test_several_models_in_one_launch_report_each_epoch(train_file: str, tmp_path: Path, capsys) -> None:
+    configs = [config(train_file, tmp_path / name, epochs=2) for name in ("humor-original", "humor-augmented")]
+    results = train_workers(configs)
+    assert [r["steps"] for r in results] == [8, 8]
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("train ")]
+    assert [line.split(" loss ")[0] for line in lines] == [
+        "train 1/2 nic (humor-original): epoch 1/2", "train 1/2 nic (humor-original): epoch 2/2",
+        "train 2/2 nic (humor-augmented): epoch 1/2", "train 2/2 nic (humor-augmented): epoch 2/2"]
+    reported = [float(line.split(" loss ")[1].split()[0]) for line in lines]
+    assert reported == pytest.approx([loss for r in results for loss in r["epoch_losses"]], abs=1e-3)
 
 
 def _rank_main(rank: int, world_size: int, port: int, cfg: dict, result_dir: str) -> None:
