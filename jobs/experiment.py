@@ -232,19 +232,269 @@ def _log_child_metrics(run_id: str, metrics: dict[str, float]) -> None:
             client.log_metric(run_id, key, float(value))
 
 
+@dataclass
+class ExperimentData:
+    """What the cells train and test on: pairs (ranked by :func:`rank_augmented`) and test images with their scene
+    features, both cached, and their counts (``available[(style, origin)]`` and ``test_counts[style]``: those with
+    features)."""
+
+    train_features: Any
+    pairs: DataFrame
+    tests: DataFrame
+    counts: dict[str, float]
+    available: dict[tuple[str, str], int]
+    test_counts: dict[str, int]
+
+    @property
+    def pairs_ok(self) -> DataFrame:
+        return self.pairs.where(F.col("features").isNotNull())
+
+    @property
+    def tests_ok(self) -> DataFrame:
+        return self.tests.where(F.col("features").isNotNull())
+
+    def unpersist(self) -> None:
+        self.pairs.unpersist()
+        self.tests.unpersist()
+
+
+def load_data(spark: SparkSession, cfg: ErgConfig, styles: list[str], generator_version: str | None
+              ) -> ExperimentData:
+    """Step 1: the train pairs and test images of ``styles`` with scene features, counted by Spark."""
+    from jobs.scene_features import scene_features
+
+    train_features = scene_features(spark, cfg, experiment_pairs(spark, cfg, styles, generator_version))
+    pairs = rank_augmented(train_features.frame).cache()
+    tests = scene_features(spark, cfg, test_pairs(spark, cfg, styles)).frame.cache()
+    counts: dict[str, float] = dict(train_features.counts)
+    available: dict[tuple[str, str], int] = {}
+    for row in pairs.groupBy("style", "origin", F.col("features").isNull().alias("missing")).count().collect():
+        counts[f"pairs.{row.style}.{row.origin}.{'without_features' if row.missing else 'with_features'}"] = row["count"]
+        if not row.missing:
+            available[(row.style, row.origin)] = row["count"]
+    test_counts: dict[str, int] = {}
+    for row in tests.groupBy("style", F.col("features").isNull().alias("missing")).count().collect():
+        counts[f"test.{row.style}.{'without_features' if row.missing else 'with_features'}"] = row["count"]
+        if not row.missing:
+            test_counts[row.style] = row["count"]
+    return ExperimentData(train_features, pairs, tests, counts, available, test_counts)
+
+
+def measurable_styles(cfg: ErgConfig, styles: list[str], counts: dict[str, float],
+                      available: dict[tuple[str, str], int], test_counts: dict[str, int], generator_version: str
+                      ) -> tuple[list[str], dict[str, str], dict[str, int]]:
+    """Step 2 (no Spark): the styles that can be measured, the others with the reason, and each measured style's
+    augmented pool (its pairs with features, at most ``max_augmented_pairs``). A RuntimeError when none can be."""
+    e = cfg.experiment
+    sources = ", ".join(cfg.train.visual_context.sources) if cfg.train.features == "visual_context" else ""
+    not_measured: dict[str, str] = {}
+    for style in styles:
+        n_train, n_test = available.get((style, "original"), 0), test_counts.get(style, 0)
+        if n_train == 0 or n_test < e.min_test_images:
+            total_train = int(counts.get(f"pairs.{style}.original.with_features", 0)
+                              + counts.get(f"pairs.{style}.original.without_features", 0))
+            total_test = int(counts.get(f"test.{style}.with_features", 0)
+                             + counts.get(f"test.{style}.without_features", 0))
+            not_measured[style] = (
+                f"scene features ({cfg.train.features}: {sources}) exist for {n_train} of {total_train} train pairs "
+                f"and {n_test} of {total_test} test images (at least 1 and {e.min_test_images} needed)")
+    measured = [s for s in styles if s not in not_measured]
+    if not measured:
+        raise RuntimeError(f"no style can be measured: {not_measured}; see train.features and "
+                           "train.visual_context.sources")
+    pool = {s: min(available.get((s, "augmented"), 0), e.max_augmented_pairs or 10 ** 12) for s in measured}
+    for s in [s for s in measured if not pool[s]]:
+        not_measured[s] = (f"no passing augmented pair of generator {generator_version} with scene "
+                           "features: run `erg generate`, or lower experiment.min_test_images")
+    measured = [s for s in measured if pool[s]]
+    if not measured:
+        raise RuntimeError(f"no style has augmented pairs to compare: {not_measured}")
+    return measured, not_measured, {s: pool[s] for s in measured}
+
+
+def plan_experiment(cfg: ErgConfig, measured: list[str], types: list[str]
+                    ) -> tuple[list[Cell], tuple | None, tuple | None]:
+    """Step 3 (no Spark): the cells, with Table 5's (captioner, styles, retrieval types) and Fig. 5's (captioner,
+    styles, shares) where enabled and their style set is measured."""
+    e = cfg.experiment
+    t5 = f5 = None
+    if e.table5.enabled:
+        t5_styles = _style_set_styles(cfg, e.table5.style_set, measured)
+        if t5_styles:
+            t5 = (e.table5.captioner, t5_styles, types)
+    if e.fig5.enabled:
+        f5_styles = _style_set_styles(cfg, e.fig5.style_set, measured)
+        if f5_styles:
+            f5 = (e.fig5.captioner, f5_styles, e.fig5.sizes)
+    return plan_cells(measured, list(e.captioners), t5, f5), t5, f5
+
+
+def measure_leakage(spark: SparkSession, cfg: ErgConfig, data: ExperimentData, pool: dict[str, int]
+                    ) -> dict[str, int]:
+    """Step 4: leakage on exactly what the cells train and test on, plus the tables' own leakage counts."""
+    from jobs.leakage import leakage_counts
+    from jobs.scene_features import feature_leaks
+
+    stylized = read_table(spark, cfg, "stylized_captions")
+    held = F.coalesce(F.col("split"), F.lit("")) != "train"
+    limits = spark.createDataFrame([(s, int(n)) for s, n in pool.items()], "style string, pool int")
+    used = (data.pairs_ok.join(limits, "style")
+            .where((F.col("origin") == "original") | (F.col("aug_rank") <= F.col("pool"))))
+    leakage = {
+        "test_scene_phrases_in_training": used.join(stylized.where(held).select("scene_id"), "scene_id",
+                                                    "left_semi").count(),
+        "test_images_in_training": used.join(stylized.where(held).select("image_id").distinct(), "image_id",
+                                             "left_semi").count(),
+        "scene_features_from_scored_references": feature_leaks(spark, cfg, data.tests_ok),
+    }
+    leakage.update({k.removeprefix("leakage."): v for k, v in leakage_counts(spark, cfg).items()})
+    return leakage
+
+
+def train_cells(spark: SparkSession, cfg: ErgConfig, cells: list[Cell], data: ExperimentData, pool: dict[str, int],
+                folder: Path, parent_id: str, lap) -> dict[str, dict[str, Any]]:
+    """Step 5: every cell's snapshot, then one launch trains them all (one process group); a child run per cell."""
+    import mlflow
+
+    from jobs.train import _log_loss_curve, run_distributed_many, snapshot_config
+
+    configs, planned = [], []
+    for cell in cells:
+        cell_cfg = _with_captioner(cfg, cell.captioner)
+        frame, n_orig, n_aug = cell_pairs(data.pairs_ok, cell, pool, data.available)
+        cell_dir = folder / "cells" / cell.name.replace("/", "__").replace(":", "_").replace("@", "_at_")
+        config, _, _ = snapshot_config(spark, cell_cfg, frame, cell_dir, data.train_features.regions)
+        configs.append(config)
+        planned.append((cell, cell_cfg, n_orig, n_aug, cell_dir))
+        logger.info("experiment cell %s: %d original + %d augmented pairs", cell.name, n_orig, n_aug)
+    lap("snapshots")
+    summaries = run_distributed_many(cfg, configs)
+    lap("training")
+    trained: dict[str, dict[str, Any]] = {}
+    for (cell, cell_cfg, n_orig, n_aug, cell_dir), summary in zip(planned, summaries):
+        with job_run(cell_cfg, "experiment_cell", sections=("train",),
+                     params={"cell": cell.name, "style": cell.style, "captioner": cell.captioner,
+                             "variant": cell.variant, "types": ",".join(cell.types or ["all"]),
+                             "fraction": cell.fraction, "features": data.train_features.kind}) as child:
+            mlflow.set_tags({"erg.cell": cell.name, "erg.experiment_run": parent_id})
+            log_counts({"train_pairs": n_orig + n_aug, "train_pairs.original": n_orig,
+                        "train_pairs.augmented": n_aug, "train_seconds": summary["seconds"],
+                        "loss_first": summary["loss_first"], "loss_last": summary["loss_last"],
+                        "vocab_size": summary["vocab_size"]})
+            _log_loss_curve(child.info.run_id, summary)
+            mlflow.log_artifacts(str(cell_dir / "model"), "captioner")
+        trained[cell.name] = {"cell": cell, "run_id": child.info.run_id, "train_pairs": n_orig + n_aug,
+                              "train_pairs_original": n_orig, "train_pairs_augmented": n_aug,
+                              "path": str(cell_dir / "model"), "train_seconds": summary["seconds"],
+                              "loss_last": summary["loss_last"]}
+    lap("child_runs")
+    return trained
+
+
+def score_cells(spark: SparkSession, cfg: ErgConfig, trained: dict[str, dict[str, Any]], data: ExperimentData,
+                measured: list[str], classifiers_path: str, lm_path: str, grader: dict[str, Any] | None
+                ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Step 6: per style, every cell's captioner captions the test images on the executors; the captions are
+    scored (BLEU-1/3, METEOR, CIDEr, cls., cls. by the independent grader, ppl.). Returns (rows, samples)."""
+    from jobs.evaluate import style_scores
+    from models.caption_metrics import CaptionScorer
+    from udfs.captioning import HYPOTHESIS_DDL, make_captioner_evaluator
+
+    e, ev = cfg.experiment, cfg.evaluate
+    rows: list[dict[str, Any]] = []
+    samples: list[dict[str, Any]] = []
+    with CaptionScorer() as scorer:
+        for style in measured:
+            mine = {name: info for name, info in trained.items() if info["cell"].style == style}
+            todo = data.tests_ok.where(F.col("style") == style)
+            references = {r.image_id: list(r.references) for r in todo.select("image_id", "references").collect()}
+            parts = max(1, min(spark.sparkContext.defaultParallelism, len(references) // ev.batch_size + 1))
+            evaluator = make_captioner_evaluator({n: info["path"] for n, info in mine.items()}, classifiers_path,
+                                                 lm_path, ev.max_len, ev.batch_size, ev.device)
+            hypotheses = (todo.select("image_id", "style", "features", "n_regions")
+                          .repartition(parts, "image_id").mapInPandas(evaluator, HYPOTHESIS_DDL).toPandas())
+            if grader is not None and style in grader["styles"]:
+                hypotheses["independent_probability"] = grade(spark, hypotheses, grader["path"], ev.batch_size,
+                                                              ev.device).to_numpy()
+            for name, group in hypotheses.groupby("variant", sort=False):
+                info = mine[name]
+                cell = info["cell"]
+                scores = style_scores(group, {i: references[i] for i in group["image_id"]}, scorer,
+                                      e.ppl_statistic)
+                independent = (float((group["independent_probability"] > 0.5).mean())
+                               if "independent_probability" in group else float("nan"))
+                row = {"style": style, "captioner": cell.captioner, "variant": cell.variant,
+                       "types": list(cell.types) if cell.types else "all", "fraction": cell.fraction,
+                       "bleu1": scores["BLEU-1"], "bleu3": scores["BLEU-3"], "meteor": scores["METEOR"],
+                       "cider": scores["CIDEr"], "cls": scores["cls."], "cls_independent": independent,
+                       "ppl": scores["ppl."], "train_pairs": info["train_pairs"],
+                       "train_pairs_original": info["train_pairs_original"],
+                       "train_pairs_augmented": info["train_pairs_augmented"], "test_images": len(group),
+                       "run_id": info["run_id"], "train_seconds": info["train_seconds"]}
+                rows.append(row)
+                _log_child_metrics(info["run_id"], {k: row[k] for k in ("bleu1", "bleu3", "meteor", "cider", "cls",
+                                                                         "cls_independent", "ppl", "test_images")})
+                for r in group.head(e.samples_to_log).itertuples():
+                    samples.append({"style": style, "captioner": cell.captioner, "variant": cell.variant,
+                                    "image_id": r.image_id, "hypothesis": r.hypothesis,
+                                    "references": references[r.image_id][:2]})
+    order = {name: i for i, name in enumerate(trained)}
+    rows.sort(key=lambda r: order[f"{r['style']}/{r['captioner']}/{r['variant']}"])
+    return rows, samples
+
+
+def describe_setup(cfg: ErgConfig, generator: dict[str, Any], classifiers: dict[str, Any],
+                   grader: dict[str, Any] | None, versioned: bool) -> dict[str, str]:
+    """The report's sentences on where the pairs, test references, training recipe, cls. and ppl. come from."""
+    e, t = cfg.experiment, cfg.train
+    return {
+        "augmented_source": (f"passing rows of generator {generator['version']} only" if versioned else
+                             "passing rows of every generator version")
+        + (f", at most {e.max_augmented_pairs} per style (lowest hash of the pair id)"
+           if e.max_augmented_pairs else ", all of them"),
+        "test_source": f"test split, {'all' if not e.max_test_images else f'at most {e.max_test_images}'} "
+                       "images per style, references = the image's stylized captions of that style",
+        "training": (f"per style and captioner, {t.optimizer} lr {t.lr}, batch {t.batch_size}, {t.epochs} epochs, "
+                     f"scheduled sampling {t.scheduled_sampling.increase} every {t.scheduled_sampling.every_epochs} "
+                     f"epochs (max {t.scheduled_sampling.max}), {t.backend} x {t.num_processes}"),
+        "cls_source": (f"evaluation classifiers {classifiers['version']} ({classifiers.get('kind')}, also "
+                       "generate's filter 1); cls. (indep.): " + (
+                           f"{grader['kind']} per style trained on half B of the train split's images"
+                           if grader else "not fitted")),
+        "ppl_source": f"{e.ppl_statistic} trigram perplexity under the style's LM of generator "
+                      f"{generator['version']}",
+    }
+
+
+def write_report(result: dict[str, Any], folder: Path) -> Path:
+    """Step 7: report.md, experiment.json and the plots, logged as the active run's ``report`` artifacts and kept
+    under ``folder/report``."""
+    import mlflow
+
+    from models.experiment_report import plot_fig5, plot_table2, render_report
+
+    report_dir = folder / "report"
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp)
+        (out / "report.md").write_text(render_report(result))
+        (out / "experiment.json").write_text(json.dumps(result, indent=2, default=str))
+        plot_table2(result["rows"], out / "table2.png")
+        if result.get("fig5", {}).get("points"):
+            plot_fig5(result["fig5"]["points"], out / "fig5_size.png")
+        mlflow.log_artifacts(str(out), "report")
+        report_dir.mkdir(parents=True, exist_ok=True)
+        for path in out.iterdir():
+            (report_dir / path.name).write_bytes(path.read_bytes())
+    return report_dir
+
+
 def run_experiment(spark: SparkSession, cfg: ErgConfig, *, command: str | None = None) -> dict[str, Any]:
     """Run the experiment (module docstring); returns the result (rows, tables, leakage, not_measured, run ids)."""
     import mlflow
 
-    from jobs.evaluate import style_scores
     from jobs.extract import EVALUATION_CLASSIFIERS
-    from jobs.leakage import leakage_counts
-    from jobs.scene_features import feature_leaks, scene_features
-    from jobs.train import _log_loss_curve, check_hparams, run_distributed_many, snapshot_config
-    from models.caption_metrics import CaptionScorer
-    from models.experiment_report import (plot_fig5, plot_table2, render_fig5, render_report, render_table5,
-                                          size_curve)
-    from udfs.captioning import HYPOTHESIS_DDL, make_captioner_evaluator
+    from jobs.train import check_hparams
+    from models.experiment_report import render_fig5, render_table5, size_curve
 
     e = cfg.experiment
     command = command or _command()
@@ -282,187 +532,29 @@ def run_experiment(spark: SparkSession, cfg: ErgConfig, *, command: str | None =
             clock[0] = now
             logger.info("experiment: %s took %.1fs", stage, stages[stage])
 
-        # ---- pairs and their scene features
-        train_features = scene_features(spark, cfg, experiment_pairs(spark, cfg, styles, version))
-        pairs = rank_augmented(train_features.frame).cache()
-        test_features = scene_features(spark, cfg, test_pairs(spark, cfg, styles))
-        tests = test_features.frame.cache()
-        counts: dict[str, float] = dict(train_features.counts)
-        available: dict[tuple[str, str], int] = {}
-        for row in pairs.groupBy("style", "origin", F.col("features").isNull().alias("missing")).count().collect():
-            key = "without_features" if row.missing else "with_features"
-            counts[f"pairs.{row.style}.{row.origin}.{key}"] = row["count"]
-            if not row.missing:
-                available[(row.style, row.origin)] = row["count"]
-        test_counts: dict[str, int] = {}
-        for row in tests.groupBy("style", F.col("features").isNull().alias("missing")).count().collect():
-            counts[f"test.{row.style}.{'without_features' if row.missing else 'with_features'}"] = row["count"]
-            if not row.missing:
-                test_counts[row.style] = row["count"]
-        pairs_ok = pairs.where(F.col("features").isNotNull())
-        tests_ok = tests.where(F.col("features").isNotNull())
-
-        not_measured: dict[str, str] = {}
-        for style in styles:
-            n_train = available.get((style, "original"), 0)
-            n_test = test_counts.get(style, 0)
-            total_test = int(counts.get(f"test.{style}.with_features", 0) + counts.get(f"test.{style}.without_features", 0))
-            if n_train == 0 or n_test < e.min_test_images:
-                total_train = int(counts.get(f"pairs.{style}.original.with_features", 0)
-                                  + counts.get(f"pairs.{style}.original.without_features", 0))
-                not_measured[style] = (
-                    f"scene features ({cfg.train.features}: {', '.join(cfg.train.visual_context.sources) if cfg.train.features == 'visual_context' else ''}) "
-                    f"exist for {n_train} of {total_train} train pairs and {n_test} of {total_test} test images "
-                    f"(at least 1 and {e.min_test_images} needed)")
-        measured = [s for s in styles if s not in not_measured]
-        if not measured:
-            raise RuntimeError(f"no style can be measured: {not_measured}; see train.features and "
-                               "train.visual_context.sources")
-        pool = {s: min(available.get((s, "augmented"), 0), e.max_augmented_pairs or 10 ** 12) for s in measured}
-        missing_aug = [s for s in measured if not pool[s]]
-        if missing_aug:
-            for s in missing_aug:
-                not_measured[s] = (f"no passing augmented pair of generator {generator['version']} with scene "
-                                   "features: run `erg generate`, or lower experiment.min_test_images")
-            measured = [s for s in measured if s not in missing_aug]
-            if not measured:
-                raise RuntimeError(f"no style has augmented pairs to compare: {not_measured}")
-        types = sorted(r.retrieval_type for r in pairs_ok.where(F.col("origin") == "augmented")
+        data = load_data(spark, cfg, styles, version)
+        measured, not_measured, pool = measurable_styles(cfg, styles, data.counts, data.available, data.test_counts,
+                                                         generator["version"])
+        types = sorted(r.retrieval_type for r in data.pairs_ok.where(F.col("origin") == "augmented")
                        .select("retrieval_type").distinct().collect())
-        t5 = f5 = None
-        if e.table5.enabled:
-            t5_styles = _style_set_styles(cfg, e.table5.style_set, measured)
-            if t5_styles:
-                t5 = (e.table5.captioner, t5_styles, types)
-        if e.fig5.enabled:
-            f5_styles = _style_set_styles(cfg, e.fig5.style_set, measured)
-            if f5_styles:
-                f5 = (e.fig5.captioner, f5_styles, e.fig5.sizes)
-        cells = plan_cells(measured, list(e.captioners), t5, f5)
+        cells, t5, f5 = plan_experiment(cfg, measured, types)
         logger.info("experiment: %d cells over styles %s", len(cells), measured)
-
         lap("features")
-        # ---- leakage on exactly what the cells train and test on
-        stylized = read_table(spark, cfg, "stylized_captions")
-        held = F.coalesce(F.col("split"), F.lit("")) != "train"
-        limits = spark.createDataFrame([(s, int(n)) for s, n in pool.items()], "style string, pool int")
-        used = (pairs_ok.where(F.col("style").isin(measured)).join(limits, "style")
-                .where((F.col("origin") == "original") | (F.col("aug_rank") <= F.col("pool"))))
-        leakage = {
-            "test_scene_phrases_in_training": used.join(stylized.where(held).select("scene_id"), "scene_id",
-                                                        "left_semi").count(),
-            "test_images_in_training": used.join(stylized.where(held).select("image_id").distinct(), "image_id",
-                                                 "left_semi").count(),
-            "scene_features_from_scored_references": feature_leaks(spark, cfg, tests_ok),
-        }
-        leakage.update({k.removeprefix("leakage."): v for k, v in leakage_counts(spark, cfg).items()})
-
+        leakage = measure_leakage(spark, cfg, data, pool)
         lap("leakage")
-        # ---- independent grader
         grader = fit_independent_classifier(spark, cfg, measured, folder / "independent_classifier")
-
         lap("independent_classifier")
-        # ---- train every cell: snapshots first, then one launch trains them all (one process group)
-        configs, planned = [], []
-        for cell in cells:
-            cell_cfg = _with_captioner(cfg, cell.captioner)
-            frame, n_orig, n_aug = cell_pairs(pairs_ok, cell, pool, available)
-            cell_dir = folder / "cells" / cell.name.replace("/", "__").replace(":", "_").replace("@", "_at_")
-            config, _, _ = snapshot_config(spark, cell_cfg, frame, cell_dir, train_features.regions)
-            configs.append(config)
-            planned.append((cell, cell_cfg, n_orig, n_aug, cell_dir))
-            logger.info("experiment cell %s: %d original + %d augmented pairs", cell.name, n_orig, n_aug)
-        lap("snapshots")
-        summaries = run_distributed_many(cfg, configs)
-        lap("training")
-        trained: dict[str, dict[str, Any]] = {}
-        for (cell, cell_cfg, n_orig, n_aug, cell_dir), summary in zip(planned, summaries):
-            with job_run(cell_cfg, "experiment_cell", sections=("train",),
-                         params={"cell": cell.name, "style": cell.style, "captioner": cell.captioner,
-                                 "variant": cell.variant, "types": ",".join(cell.types or ["all"]),
-                                 "fraction": cell.fraction, "features": train_features.kind}) as child:
-                mlflow.set_tags({"erg.cell": cell.name, "erg.experiment_run": parent_id})
-                log_counts({"train_pairs": n_orig + n_aug, "train_pairs.original": n_orig,
-                            "train_pairs.augmented": n_aug, "train_seconds": summary["seconds"],
-                            "loss_first": summary["loss_first"], "loss_last": summary["loss_last"],
-                            "vocab_size": summary["vocab_size"]})
-                _log_loss_curve(child.info.run_id, summary)
-                mlflow.log_artifacts(str(cell_dir / "model"), "captioner")
-            trained[cell.name] = {"cell": cell, "run_id": child.info.run_id, "train_pairs": n_orig + n_aug,
-                                  "train_pairs_original": n_orig, "train_pairs_augmented": n_aug,
-                                  "path": str(cell_dir / "model"), "train_seconds": summary["seconds"],
-                                  "loss_last": summary["loss_last"]}
-
-        lap("child_runs")
-        # ---- caption the test images and score every cell
-        rows: list[dict[str, Any]] = []
-        samples: list[dict[str, Any]] = []
-        lm_path = generator["lm_path"]
-        ev = cfg.evaluate
-        with CaptionScorer() as scorer:
-            for style in measured:
-                mine = {name: info for name, info in trained.items() if info["cell"].style == style}
-                todo = tests_ok.where(F.col("style") == style)
-                references = {r.image_id: list(r.references) for r in todo.select("image_id", "references").collect()}
-                parts = max(1, min(spark.sparkContext.defaultParallelism, len(references) // ev.batch_size + 1))
-                evaluator = make_captioner_evaluator({n: info["path"] for n, info in mine.items()},
-                                                     classifiers["path"], lm_path, ev.max_len, ev.batch_size,
-                                                     ev.device)
-                hypotheses = (todo.select("image_id", "style", "features", "n_regions")
-                              .repartition(parts, "image_id").mapInPandas(evaluator, HYPOTHESIS_DDL).toPandas())
-                if grader is not None and style in grader["styles"]:
-                    hypotheses["independent_probability"] = grade(spark, hypotheses, grader["path"], ev.batch_size,
-                                                                  ev.device).to_numpy()
-                for name, group in hypotheses.groupby("variant", sort=False):
-                    info = mine[name]
-                    cell = info["cell"]
-                    scores = style_scores(group, {i: references[i] for i in group["image_id"]}, scorer,
-                                          e.ppl_statistic)
-                    independent = (float((group["independent_probability"] > 0.5).mean())
-                                   if "independent_probability" in group else float("nan"))
-                    row = {"style": style, "captioner": cell.captioner, "variant": cell.variant,
-                           "types": list(cell.types) if cell.types else "all", "fraction": cell.fraction,
-                           "bleu1": scores["BLEU-1"], "bleu3": scores["BLEU-3"], "meteor": scores["METEOR"],
-                           "cider": scores["CIDEr"], "cls": scores["cls."], "cls_independent": independent,
-                           "ppl": scores["ppl."], "train_pairs": info["train_pairs"],
-                           "train_pairs_original": info["train_pairs_original"],
-                           "train_pairs_augmented": info["train_pairs_augmented"], "test_images": len(group),
-                           "run_id": info["run_id"], "train_seconds": info["train_seconds"]}
-                    rows.append(row)
-                    _log_child_metrics(info["run_id"], {k: row[k] for k in ("bleu1", "bleu3", "meteor", "cider", "cls",
-                                                                             "cls_independent", "ppl", "test_images")})
-                    for r in group.head(e.samples_to_log).itertuples():
-                        samples.append({"style": style, "captioner": cell.captioner, "variant": cell.variant,
-                                        "image_id": r.image_id, "hypothesis": r.hypothesis,
-                                        "references": references[r.image_id][:2]})
-        pairs.unpersist()
-        tests.unpersist()
-        order = {name: i for i, name in enumerate(c.name for c in cells)}
-        rows.sort(key=lambda r: order[f"{r['style']}/{r['captioner']}/{r['variant']}"])
-
+        trained = train_cells(spark, cfg, cells, data, pool, folder, parent_id, lap)
+        rows, samples = score_cells(spark, cfg, trained, data, measured, classifiers["path"], generator["lm_path"],
+                                    grader)
+        data.unpersist()
         lap("decode_and_score")
-        # ---- report
+
         result: dict[str, Any] = {
             "command": command, "run_id": parent_id, "styles": measured, "captioners": list(e.captioners),
-            "features": train_features.description, "rows": rows, "leakage": leakage, "not_measured": not_measured,
-            "augmented_source": (f"passing rows of generator {generator['version']} only" if version else
-                                 "passing rows of every generator version")
-            + (f", at most {e.max_augmented_pairs} per style (lowest hash of the pair id)"
-               if e.max_augmented_pairs else ", all of them"),
-            "test_source": f"test split, {'all' if not e.max_test_images else f'at most {e.max_test_images}'} "
-                           "images per style, references = the image's stylized captions of that style",
-            "training": (f"per style and captioner, {cfg.train.optimizer} lr {cfg.train.lr}, batch "
-                         f"{cfg.train.batch_size}, {cfg.train.epochs} epochs, scheduled sampling "
-                         f"{cfg.train.scheduled_sampling.increase} every "
-                         f"{cfg.train.scheduled_sampling.every_epochs} epochs (max "
-                         f"{cfg.train.scheduled_sampling.max}), {cfg.train.backend} x {cfg.train.num_processes}"),
-            "cls_source": (f"evaluation classifiers {classifiers['version']} ({classifiers.get('kind')}, also "
-                           "generate's filter 1); cls. (indep.): " + (
-                               f"{grader['kind']} per style trained on half B of the train split's images"
-                               if grader else "not fitted")),
-            "ppl_source": f"{e.ppl_statistic} trigram perplexity under the style's LM of generator "
-                          f"{generator['version']}",
-            "generator_version": generator["version"], "counts": counts, "samples": samples,
+            "features": data.train_features.description, "rows": rows, "leakage": leakage,
+            "not_measured": not_measured, **describe_setup(cfg, generator, classifiers, grader, version is not None),
+            "generator_version": generator["version"], "counts": data.counts, "samples": samples,
             "seconds": time.time() - started, "stage_seconds": stages,
             "erg_run": erg_result.get("parent_run_id") if erg_result else None,
         }
@@ -472,20 +564,8 @@ def run_experiment(spark: SparkSession, cfg: ErgConfig, *, command: str | None =
         if f5 is not None:
             points = size_curve(rows, f5[0], f5[1])
             result["fig5"] = {"captioner": f5[0], "styles": f5[1], "points": points, "markdown": render_fig5(points)}
-        with tempfile.TemporaryDirectory() as tmp:
-            out = Path(tmp)
-            (out / "report.md").write_text(render_report(result))
-            (out / "experiment.json").write_text(json.dumps(result, indent=2, default=str))
-            plot_table2(rows, out / "table2.png")
-            if f5 is not None and result["fig5"]["points"]:
-                plot_fig5(result["fig5"]["points"], out / "fig5_size.png")
-            mlflow.log_artifacts(str(out), "report")
-            report_dir = folder / "report"
-            report_dir.mkdir(parents=True, exist_ok=True)
-            for path in out.iterdir():
-                (report_dir / path.name).write_bytes(path.read_bytes())
-        result["report_dir"] = str(folder / "report")
-        log_counts({**{k: v for k, v in counts.items() if isinstance(v, (int, float))},
+        result["report_dir"] = str(write_report(result, folder))
+        log_counts({**{k: v for k, v in data.counts.items() if isinstance(v, (int, float))},
                     **{f"leakage.{k}": v for k, v in leakage.items()}, "cells": len(cells),
                     **{f"stage_seconds.{k}": v for k, v in stages.items()},
                     "seconds": result["seconds"]})

@@ -52,3 +52,27 @@ def test_report_and_plots_are_written(tmp_path: Path) -> None:
     assert report.startswith("# ERG experiment") and "- positive: no scene features" in report
     assert plot_table2(rows, tmp_path / "t2.png").read_bytes()[:4] == b"\x89PNG"
     assert plot_fig5(size_curve(rows, "nic", ["humor"]), tmp_path / "f5.png").stat().st_size > 1000
+
+
+def test_measurable_styles_names_why_a_style_is_left_out() -> None:
+    from jobs.config import load_config
+    from jobs.experiment import measurable_styles, plan_experiment
+
+    cfg = load_config("test", ["experiment.max_augmented_pairs=50", "experiment.min_test_images=10",
+                               "experiment.captioners=[nic]", "experiment.table5.enabled=true",
+                               "experiment.table5.style_set=flickrstyle", "experiment.fig5.enabled=false"])
+    available = {("humor", "original"): 100, ("humor", "augmented"): 80, ("romantic", "original"): 100,
+                 ("romantic", "augmented"): 20, ("positive", "original"): 100, ("negative", "augmented"): 5}
+    counts = {"pairs.negative.original.without_features": 40.0, "test.negative.with_features": 30.0}
+    tests = {"humor": 30, "romantic": 30, "positive": 30, "negative": 30}
+    measured, not_measured, pool = measurable_styles(cfg, ["humor", "romantic", "positive", "negative"], counts,
+                                                     available, tests, "g1")
+    assert measured == ["humor", "romantic"] and pool == {"humor": 50, "romantic": 20}
+    assert "0 of 40 train pairs and 30 of 30 test images" in not_measured["negative"]
+    assert "no passing augmented pair of generator g1" in not_measured["positive"]
+    cells, t5, f5 = plan_experiment(cfg, measured, ["i2t", "t2t"])
+    assert f5 is None and t5 == ("nic", ["humor", "romantic"], ["i2t", "t2t"])
+    assert [c.name for c in cells] == ([f"{s}/nic/{v}" for s in ("humor", "romantic") for v in ("original", "augmented")]
+                                       + [f"{s}/nic/augmented:{t}" for s in ("humor", "romantic") for t in ("i2t", "t2t")])
+    with pytest.raises(RuntimeError, match="no style can be measured"):
+        measurable_styles(cfg, ["humor"], {}, {}, {"humor": 3}, "g1")
