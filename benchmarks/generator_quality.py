@@ -133,8 +133,9 @@ def main() -> None:
     train, held = training_pairs(spark, cfg)
     genuine = held[held["split"] == "test"]  # calibration: the filters on real held-out captions of each style
     if current.get("propensity_path"):
-        propensity, p_min = load_propensity(current["propensity_path"])
-        train, held = resplit_pairs(train, propensity, p_min), resplit_pairs(held, propensity, p_min)
+        propensity, p_min, clause_words = load_propensity(current["propensity_path"])
+        train = resplit_pairs(train, propensity, p_min, clause_words)
+        held = resplit_pairs(held, propensity, p_min, clause_words)
     held = held.sample(n=min(args.rebuild, len(held)), random_state=3).reset_index(drop=True)
     print(f"{len(cand)} candidates, {len(train)} train pairs, {len(held)} held-out captions", flush=True)
 

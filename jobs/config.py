@@ -308,6 +308,12 @@ class GenerateConf(_Section):
         0.5, ge=0, le=1, description="transfer phrase: place only the retrieved phrase's style words (put in a "
         "phrase in at least this share of their train occurrences, see models.phrase_transfer) and the function "
         "words between them; null = the whole extracted phrase, as the paper")
+    clause_style_sets: list[str] = Field(
+        default_factory=list, description="style sets whose style lives in a trailing clause (FlickrStyle: '..., "
+        "searching for bones', '... to amuse her dad'): their transfer phrase is the clause of its first style word "
+        "(with the function words before it, to the clause's end) when it has at most max_clause_words words "
+        "(models.phrase_transfer); needs min_phrase_propensity")
+    max_clause_words: int = Field(8, ge=1, description="clause_style_sets: longest clause transferred whole")
 
     @field_validator("lm_background_folds")
     @classmethod
@@ -569,11 +575,23 @@ class ErgConfig(_Section):
         if unknown_sets:
             raise ValueError(f"train.visual_context.other_styles_for names {unknown_sets}, which are not style sets: "
                              f"sets are {sorted(self.style_sets)}")
+        unknown_sets = [s for s in self.generate.clause_style_sets if s not in self.style_sets]
+        if unknown_sets:
+            raise ValueError(f"generate.clause_style_sets names {unknown_sets}, which are not style sets: "
+                             f"sets are {sorted(self.style_sets)}")
+        if self.generate.clause_style_sets and self.generate.min_phrase_propensity is None:
+            raise ValueError("generate.clause_style_sets needs generate.min_phrase_propensity (the clause starts at "
+                             "a style word); set it (e.g. 0.5) or clause_style_sets: []")
         for key, section in (("table5", e.table5), ("fig5", e.fig5)):
             if section.style_set is not None and section.style_set not in self.style_sets:
                 raise ValueError(f"experiment.{key}.style_set {section.style_set!r} is not a style set: "
                                  f"sets are {sorted(self.style_sets)}")
         return self
+
+    def clause_words(self) -> dict[str, int]:
+        """Per style of ``generate.clause_style_sets``, the longest clause its transfer phrase takes whole."""
+        return {style: self.generate.max_clause_words for name in self.generate.clause_style_sets
+                for style in self.style_sets[name]}
 
     def style_set_of(self, style: str) -> str:
         """The style set ``style`` belongs to."""

@@ -74,18 +74,25 @@ def factual_vocabulary(spark: SparkSession, cfg: ErgConfig) -> list[str]:
     return sorted(r.word for r in factual.mapInPandas(words, "word string").distinct().collect())
 
 
-def resplit_pairs(frame: pd.DataFrame, propensity: dict, min_propensity: float) -> pd.DataFrame:
+def resplit_pairs(frame: pd.DataFrame, propensity: dict, min_propensity: float,
+                  clause_words: dict[str, int] | None = None) -> pd.DataFrame:
     """Pairs re-split into (transfer phrase, the rest of the caption as content), as the generator is asked at apply
-    time (see models.phrase_transfer); pairs without a style word are left out."""
-    from models.phrase_transfer import transfer_mask
+    time (see models.phrase_transfer; ``clause_words`` per style); pairs without a style word are left out."""
+    from models.phrase_transfer import clause_mask, transfer_mask
 
     if frame.empty:
         return frame
-    masks = [transfer_mask(list(t), list(m), propensity, min_propensity)
-             for t, m in zip(frame["tokens"], frame["phrase_mask"])]
+    clause_words = clause_words or {}
+    masks, is_clause = [], []
+    for tokens, mask, style in zip(frame["tokens"], frame["phrase_mask"], frame["style"]):
+        keep = transfer_mask(list(tokens), list(mask), propensity, min_propensity)
+        clause = clause_mask(list(tokens), keep, clause_words[style]) if clause_words.get(style) else None
+        masks.append(clause or keep)
+        is_clause.append(clause is not None)
     out = frame.assign(
         style_phrase=[" ".join(w for w, k in zip(t, m) if k) for t, m in zip(frame["tokens"], masks)],
-        content=[" ".join(w for w, k in zip(t, m) if not k) for t, m in zip(frame["tokens"], masks)])
+        content=[" ".join(w for w, k in zip(t, m) if not k) for t, m in zip(frame["tokens"], masks)],
+        transfer_is_clause=is_clause)
     return out[out["style_phrase"] != ""].reset_index(drop=True)
 
 
@@ -98,9 +105,15 @@ def fit_phrase_transfer(cfg: ErgConfig, train: pd.DataFrame, held: pd.DataFrame,
     if p_min is None:
         return train, held, None, {}
     propensity = phrase_propensity(train["tokens"], train["phrase_mask"])
-    new_train, new_held = resplit_pairs(train, propensity, p_min), resplit_pairs(held, propensity, p_min)
-    path = save_propensity(propensity, p_min, out_dir / "phrase_propensity.json")
-    return new_train, new_held, path, {"generator.pairs_without_style_words": len(train) - len(new_train)}
+    clause_words = cfg.clause_words()
+    new_train = resplit_pairs(train, propensity, p_min, clause_words)
+    new_held = resplit_pairs(held, propensity, p_min, clause_words)
+    path = save_propensity(propensity, p_min, out_dir / "phrase_propensity.json", clause_words)
+    metrics = {"generator.pairs_without_style_words": len(train) - len(new_train)}
+    for style, group in new_train.groupby("style"):
+        if clause_words.get(style):
+            metrics[f"generator.clause_share/{style}"] = float(group["transfer_is_clause"].mean())
+    return new_train, new_held, path, metrics
 
 
 def build_generator(cfg: ErgConfig, train: pd.DataFrame, factual_words: list[str], out_dir) -> str:

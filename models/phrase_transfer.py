@@ -10,6 +10,12 @@ own scene ("a a nice", "toilet a tiny", "front building walking"). Forced into a
   *phrase propensity*, learnt from the extractor's own output: "beautiful" ~1, "building" ~0);
 - the function words lying between two kept words of the same span ("happily in love", "pretending to be a horse").
 
+Where a style lives in a trailing clause (FlickrStyle's humor and romantic: "a dog walks on the sand, searching for
+bones", "... to amuse her dad"), those style words alone ("searching", "amuse") do not carry it into another
+caption. With ``clause_words`` n > 0 the transfer phrase is then the *clause* of the first kept style word: from the
+function words just before it ("in search of", "to amuse") to the clause's end (punctuation or the caption's end),
+when that is at most n words; otherwise, the words above.
+
 The generator is trained on the same split of each train caption (transfer phrase, the rest as content), so what
 it learns and what it is asked agree. The stored ``style_phrase`` stays the paper's e^s.
 """
@@ -45,9 +51,25 @@ def _is_style_word(word: str, factual: set[str], propensity: Mapping[str, float]
             and propensity.get(word, 0.0) >= min_propensity)
 
 
+def clause_of(tokens: Sequence[str], first: int, max_words: int) -> tuple[int, int] | None:
+    """``[start, end)``: the clause of ``tokens[first]``, from the function words right before it to the next
+    punctuation or the end; None when it is longer than ``max_words`` or holds no word before ``first`` is left
+    (the clause would be the whole caption)."""
+    start = first
+    while start > 0 and tokens[start - 1] in STOPWORDS and not is_punctuation(tokens[start - 1]):
+        start -= 1
+    end = first
+    while end < len(tokens) and not is_punctuation(tokens[end]):
+        end += 1
+    if start == 0 or end - start > max_words:
+        return None
+    return start, end
+
+
 def transfer_mask(tokens: Sequence[str], mask: Sequence[bool], propensity: Mapping[str, float],
-                  min_propensity: float, factual_caption: str = "") -> list[bool]:
-    """Which ``tokens`` (a stylized caption; ``mask``: its phrase words) go into the transfer phrase."""
+                  min_propensity: float, factual_caption: str = "", clause_words: int = 0) -> list[bool]:
+    """Which ``tokens`` (a stylized caption; ``mask``: its phrase words) go into the transfer phrase; with
+    ``clause_words`` > 0, the clause of the first style word where it has at most that many words."""
     if len(tokens) != len(mask):
         raise ValueError(f"tokens and phrase mask differ in length: {len(tokens)} vs {len(mask)}")
     factual = set(caption_words(factual_caption))
@@ -65,25 +87,38 @@ def transfer_mask(tokens: Sequence[str], mask: Sequence[bool], propensity: Mappi
             for k in range(kept[0], kept[-1] + 1):
                 out[k] = k in kept or (tokens[k] in STOPWORDS and not is_punctuation(tokens[k]))
         i = j
-    return out
+    clause = clause_mask(tokens, out, clause_words) if clause_words > 0 else None
+    return clause if clause is not None else out
+
+
+def clause_mask(tokens: Sequence[str], keep: Sequence[bool], max_words: int) -> list[bool] | None:
+    """The clause (:func:`clause_of`) of the first style word that ``keep`` (a :func:`transfer_mask`) holds, as a
+    mask; None where there is no such word or no clause of at most ``max_words`` words."""
+    first = next((k for k, kept in enumerate(keep) if kept and tokens[k] not in STOPWORDS), None)
+    span = clause_of(tokens, first, max_words) if first is not None else None
+    return None if span is None else [span[0] <= k < span[1] for k in range(len(tokens))]
 
 
 def transfer_phrase(tokens: Sequence[str], mask: Sequence[bool], propensity: Mapping[str, float],
-                    min_propensity: float, factual_caption: str = "") -> str:
+                    min_propensity: float, factual_caption: str = "", clause_words: int = 0) -> str:
     """The transfer phrase for placing this stylized caption's style into ``factual_caption`` ("" if none)."""
-    keep = transfer_mask(tokens, mask, propensity, min_propensity, factual_caption)
+    keep = transfer_mask(tokens, mask, propensity, min_propensity, factual_caption, clause_words)
     return " ".join(t for t, k in zip(tokens, keep) if k)
 
 
-def save_propensity(propensity: Mapping[str, float], min_propensity: float, path: str | Path) -> str:
+def save_propensity(propensity: Mapping[str, float], min_propensity: float, path: str | Path,
+                    clause_words: Mapping[str, int] | None = None) -> str:
+    """The propensities with the rule's settings (``clause_words``: per style, see :func:`transfer_mask`), so that
+    generation applies the rule the generator was trained with."""
     Path(path).write_text(json.dumps({"format": FORMAT, "min_propensity": min_propensity,
+                                      "clause_words": dict(clause_words or {}),
                                       "propensity": dict(sorted(propensity.items()))}))
     return str(path)
 
 
-def load_propensity(path: str | Path) -> tuple[dict[str, float], float]:
-    """(propensity, min_propensity) as written by :func:`save_propensity`."""
+def load_propensity(path: str | Path) -> tuple[dict[str, float], float, dict[str, int]]:
+    """(propensity, min_propensity, clause_words per style) as written by :func:`save_propensity`."""
     data = json.loads(Path(path).read_text())
     if data.get("format") != FORMAT:
         raise ValueError(f"{path}: not a phrase propensity file (format {data.get('format')!r}, expected {FORMAT!r})")
-    return data["propensity"], float(data["min_propensity"])
+    return data["propensity"], float(data["min_propensity"]), {s: int(n) for s, n in data.get("clause_words", {}).items()}

@@ -90,3 +90,13 @@ def test_unknown_conf_and_unset_env(tmp_path, monkeypatch):
     broken.write_text("name: [unclosed\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(str(broken))
+
+
+def test_clause_style_sets_name_real_sets_and_map_to_their_styles():
+    cfg = load_config("test", ["generate.clause_style_sets=[flickrstyle]", "generate.max_clause_words=6"])
+    assert cfg.clause_words() == {"humor": 6, "romantic": 6}
+    assert load_config("test").clause_words() == {}
+    with pytest.raises(ConfigError, match="clause_style_sets names \\['flickr'\\].*sets are"):
+        load_config("test", ["generate.clause_style_sets=[flickr]"])
+    with pytest.raises(ConfigError, match="needs generate.min_phrase_propensity"):
+        load_config("test", ["generate.clause_style_sets=[flickrstyle]", "generate.min_phrase_propensity=null"])

@@ -30,9 +30,11 @@ def transfer_phrases(frame: pd.DataFrame, propensity_path: str | None) -> list[s
         return frame["style_phrase"].tolist()
     from models.phrase_transfer import load_propensity, transfer_phrase
 
-    propensity, p_min = cached_model(("phrase_propensity", propensity_path), lambda: load_propensity(propensity_path))
-    return [transfer_phrase(list(t), list(m), propensity, p_min, f)
-            for t, m, f in zip(frame["phrase_tokens"], frame["phrase_mask"], frame["factual_caption"])]
+    propensity, p_min, clause_words = cached_model(("phrase_propensity", propensity_path),
+                                                   lambda: load_propensity(propensity_path))
+    return [transfer_phrase(list(t), list(m), propensity, p_min, f, clause_words.get(s, 0))
+            for t, m, f, s in zip(frame["phrase_tokens"], frame["phrase_mask"], frame["factual_caption"],
+                                  frame["style"])]
 
 
 def make_generator(model_path: str, kind: str, decoding: dict, device: str, max_source_len: int,
