@@ -128,7 +128,7 @@ def main() -> None:
     # the same candidates for every generator: a hash-ordered sample, bounded (never the whole corpus)
     cand = (candidates(spark, cfg, "benchmark").orderBy(F.xxhash64("query_id", "scene_id", F.lit(7)))
             .limit(args.candidates).toPandas())
-    cand["transfer_phrase"] = transfer_phrases(cand, current.get("propensity_path"))
+    cand["transfer_phrase"] = transfer_phrases(cand, current.get("propensity_path"))[0]  # clauses: not as blocks here
     asked = (cand["transfer_phrase"] != "").to_numpy()  # no style word to place: not generated, fails no_style_words
     train, held = training_pairs(spark, cfg)
     genuine = held[held["split"] == "test"]  # calibration: the filters on real held-out captions of each style

@@ -433,25 +433,35 @@ class MergeConstraint(LogitsProcessor):
     This is the shape of every training target: an extracted style phrase and its content are the caption's words
     split in two, each kept in order, so the caption is a merge of the two. ``contents`` / ``phrases`` hold each
     input's token ids; rows of the scores are ``batch * beams``; ``offset`` is where generated tokens start.
+    ``contiguous[i]``: input i's phrase is one block (a clause, see models.phrase_transfer): once begun, it is
+    written to its end before any content token (the model still chooses where it goes).
     """
 
     def __init__(self, contents: Sequence[Sequence[int]], phrases: Sequence[Sequence[int]], offset: int, beams: int,
-                 eos: int, skip_phrase: bool = False) -> None:
+                 eos: int, skip_phrase: bool = False, contiguous: Sequence[bool] | None = None) -> None:
         self.contents, self.phrases = [list(c) for c in contents], [list(p) for p in phrases]
         self.offset, self.beams, self.eos, self.skip_phrase = offset, beams, eos, skip_phrase
+        self.contiguous = list(contiguous) if contiguous is not None else [False] * len(self.phrases)
+        if len(self.contiguous) != len(self.phrases):
+            raise ValueError(f"contiguous has {len(self.contiguous)} flags for {len(self.phrases)} inputs")
 
     def allowed(self, row: int, generated: Sequence[int]) -> list[int]:
-        content, phrase = self.contents[row], self.phrases[row]
+        content, phrase, block = self.contents[row], self.phrases[row], self.contiguous[row]
         ci = pi = 0
         for t in generated:
             if t == self.eos:
                 return [self.eos]
+            if block and 0 < pi < len(phrase) and t == phrase[pi]:  # inside the block: the phrase goes on
+                pi += 1
+                continue
             if ci < len(content) and t == content[ci]:
                 ci += 1
                 continue
             j = next((j for j in range(pi, len(phrase)) if phrase[j] == t), None)
             if j is not None:
                 pi = j + 1
+        if block and 0 < pi < len(phrase):
+            return [phrase[pi]]
         nxt = [content[ci]] if ci < len(content) else []
         if self.skip_phrase:
             return (nxt or [self.eos]) + phrase[pi:]
@@ -532,6 +542,7 @@ def generate(
     no_repeat_ngram_size: int = 0,
     repetition_penalty: float = 1.0,
     constraint: str = "none",
+    contiguous: Sequence[bool] | None = None,
 ) -> list[str]:
     """Generate one stylized caption per "[retrieved phrase] [SEP] [factual caption]", in input order.
 
@@ -540,9 +551,12 @@ def generate(
     ``no_repeat_ngram_size`` (0 = off) and ``repetition_penalty`` (1 = off) are Hugging Face's decoding options;
     ``constraint="source_words"`` lets only the input's own tokens be generated (see ``SourceWordsConstraint``);
     ``"merge"`` / ``"merge_skip"`` write the factual caption with the phrase's tokens placed into it by the model
-    (see ``MergeConstraint``; meant for word-level generators, where a token is a word).
+    (see ``MergeConstraint``; meant for word-level generators, where a token is a word); ``contiguous`` (one flag
+    per input, merge only) places those inputs' phrases as one block.
     """
     n = _check_texts(style_phrases=style_phrases, factual_captions=factual_captions)
+    if contiguous is not None and len(contiguous) != n:
+        raise ValueError(f"contiguous needs one flag per input: {len(contiguous)} for {n}")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if constraint not in CONSTRAINTS:
@@ -575,8 +589,9 @@ def generate(
             elif constraint in ("merge", "merge_skip"):
                 phrases = _word_ids(gen, style_phrases[start : start + batch_size])
                 contents = _word_ids(gen, factual_captions[start : start + batch_size])
-                processors.append(MergeConstraint(contents, phrases, offset, beams, gen.eos_token_id,
-                                                  skip_phrase=constraint == "merge_skip"))
+                processors.append(MergeConstraint(
+                    contents, phrases, offset, beams, gen.eos_token_id, skip_phrase=constraint == "merge_skip",
+                    contiguous=contiguous[start : start + batch_size] if contiguous is not None else None))
             out = gen.model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config,
                                      logits_processor=processors)
             new_tokens = out[:, input_ids.shape[1] :] if left else out

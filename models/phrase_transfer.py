@@ -102,8 +102,16 @@ def clause_mask(tokens: Sequence[str], keep: Sequence[bool], max_words: int) -> 
 def transfer_phrase(tokens: Sequence[str], mask: Sequence[bool], propensity: Mapping[str, float],
                     min_propensity: float, factual_caption: str = "", clause_words: int = 0) -> str:
     """The transfer phrase for placing this stylized caption's style into ``factual_caption`` ("" if none)."""
-    keep = transfer_mask(tokens, mask, propensity, min_propensity, factual_caption, clause_words)
-    return " ".join(t for t, k in zip(tokens, keep) if k)
+    return transfer_split(tokens, mask, propensity, min_propensity, factual_caption, clause_words)[0]
+
+
+def transfer_split(tokens: Sequence[str], mask: Sequence[bool], propensity: Mapping[str, float],
+                   min_propensity: float, factual_caption: str = "", clause_words: int = 0) -> tuple[str, bool]:
+    """(transfer phrase, whether it is a whole clause): a clause is placed as one block by the generator."""
+    keep = transfer_mask(tokens, mask, propensity, min_propensity, factual_caption)
+    clause = clause_mask(tokens, keep, clause_words) if clause_words > 0 else None
+    chosen = clause if clause is not None else keep
+    return " ".join(t for t, k in zip(tokens, chosen) if k), clause is not None
 
 
 def save_propensity(propensity: Mapping[str, float], min_propensity: float, path: str | Path,

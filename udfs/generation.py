@@ -22,19 +22,20 @@ SCORED_COLUMNS = ["predicted_style", "style_probability", "perplexity", "content
                   "reject_reason", "factual_relatedness", "generated_relatedness", "passed_visual"]
 
 
-def transfer_phrases(frame: pd.DataFrame, propensity_path: str | None) -> list[str]:
-    """The phrase each candidate asks the generator to place (:mod:`models.phrase_transfer`): from the retrieved
-    scene's ``phrase_tokens`` / ``phrase_mask`` and the factual caption; the whole ``style_phrase`` without a
-    propensity file (the paper's e^s)."""
+def transfer_phrases(frame: pd.DataFrame, propensity_path: str | None) -> tuple[list[str], list[bool]]:
+    """The phrase each candidate asks the generator to place (:mod:`models.phrase_transfer`), from the retrieved
+    scene's ``phrase_tokens`` / ``phrase_mask``, the factual caption and the target style, and whether it is a
+    whole clause (placed as one block); the whole ``style_phrase`` without a propensity file (the paper's e^s)."""
     if not propensity_path:
-        return frame["style_phrase"].tolist()
-    from models.phrase_transfer import load_propensity, transfer_phrase
+        return frame["style_phrase"].tolist(), [False] * len(frame)
+    from models.phrase_transfer import load_propensity, transfer_split
 
     propensity, p_min, clause_words = cached_model(("phrase_propensity", propensity_path),
                                                    lambda: load_propensity(propensity_path))
-    return [transfer_phrase(list(t), list(m), propensity, p_min, f, clause_words.get(s, 0))
-            for t, m, f, s in zip(frame["phrase_tokens"], frame["phrase_mask"], frame["factual_caption"],
-                                  frame["style"])]
+    splits = [transfer_split(list(t), list(m), propensity, p_min, f, clause_words.get(s, 0))
+              for t, m, f, s in zip(frame["phrase_tokens"], frame["phrase_mask"], frame["factual_caption"],
+                                    frame["style"])]
+    return [phrase for phrase, _ in splits], [is_clause for _, is_clause in splits]
 
 
 def make_generator(model_path: str, kind: str, decoding: dict, device: str, max_source_len: int,
@@ -58,13 +59,15 @@ def make_generator(model_path: str, kind: str, decoding: dict, device: str, max_
             if frame.empty:
                 continue
             out = frame.drop(columns=[c for c in ("phrase_tokens", "phrase_mask") if c in frame.columns])
-            out["transfer_phrase"] = transfer_phrases(frame, propensity_path)
+            phrases, clauses = transfer_phrases(frame, propensity_path)
+            out["transfer_phrase"] = phrases
             out["generated_caption"] = ""
             todo = (out["transfer_phrase"] != "").to_numpy()
             if todo.any():
+                contiguous = [c for c, t in zip(clauses, todo) if t] if any(clauses) else None
                 out.loc[todo, "generated_caption"] = generate(
                     gen, out.loc[todo, "transfer_phrase"].tolist(), out.loc[todo, "factual_caption"].tolist(),
-                    **decoding)
+                    **decoding, contiguous=contiguous)
             yield out
 
     return generate_batches
