@@ -364,7 +364,7 @@ def train_cells(spark: SparkSession, cfg: ErgConfig, cells: list[Cell], data: Ex
         frame, n_orig, n_aug = cell_pairs(data.pairs_ok, cell, pool, data.available)
         cell_dir = folder / "cells" / cell.name.replace("/", "__").replace(":", "_").replace("@", "_at_")
         config, _, _ = snapshot_config(spark, cell_cfg, frame, cell_dir, data.train_features.regions)
-        configs.append(config)
+        configs.append({**config, "label": cell.name})
         planned.append((cell, cell_cfg, n_orig, n_aug, cell_dir))
         logger.info("experiment cell %s: %d original + %d augmented pairs", cell.name, n_orig, n_aug)
     lap("snapshots")

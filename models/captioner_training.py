@@ -126,6 +126,7 @@ class TrainConfig:
     backend: str = "ddp"
     log_every: int = 10
     scheduled_sampling: dict[str, Any] | None = None
+    label: str | None = None  # what the progress lines call this model (default: the output folder's name)
 
     @classmethod
     def from_dict(cls, config: dict[str, Any]) -> TrainConfig:
@@ -409,8 +410,9 @@ def train_workers(configs: list[dict[str, Any]]) -> list[dict[str, Any] | None]:
 
 def _progress(cfg: TrainConfig, model_of: tuple[int, int], epoch: int, loss: float, started: float) -> str:
     """One line of training progress, e.g. ``train 2/8 nic (humor-augmented): epoch 3/8 loss 2.914 (412 s)``."""
-    return (f"train {model_of[0]}/{model_of[1]} {cfg.kind} ({Path(cfg.output_dir).name}): epoch {epoch + 1}/"
-            f"{cfg.epochs} loss {loss:.3f} ({time.time() - started:.0f} s)")
+    name = cfg.label or Path(cfg.output_dir).name
+    return (f"train {model_of[0]}/{model_of[1]} {cfg.kind} ({name}): epoch {epoch + 1}/{cfg.epochs} loss {loss:.3f} "
+            f"({time.time() - started:.0f} s)")
 
 
 def _train(cfg: TrainConfig, collective: _Collective, device: torch.device,

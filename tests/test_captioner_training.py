@@ -89,7 +89,8 @@ def test_single_process_transformer_over_regions(train_file: str, prototypes: np
 
 
 def test_several_models_in_one_launch_report_each_epoch(train_file: str, tmp_path: Path, capsys) -> None:
-    configs = [config(train_file, tmp_path / name, epochs=2) for name in ("humor-original", "humor-augmented")]
+    configs = [config(train_file, tmp_path / "humor-original", epochs=2),
+               config(train_file, tmp_path / "model", epochs=2, label="humor-augmented")]
     results = train_workers(configs)
     assert [r["steps"] for r in results] == [8, 8]
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("train ")]
