@@ -78,17 +78,17 @@ def resplit_pairs(frame: pd.DataFrame, propensity: dict, min_propensity: float,
                   clause_words: dict[str, int] | None = None) -> pd.DataFrame:
     """Pairs re-split into (transfer phrase, the rest of the caption as content), as the generator is asked at apply
     time (see models.phrase_transfer; ``clause_words`` per style); pairs without a style word are left out."""
-    from models.phrase_transfer import clause_mask, transfer_mask
+    from models.phrase_transfer import transfer_mask, with_clause
 
     if frame.empty:
         return frame
     clause_words = clause_words or {}
     masks, is_clause = [], []
     for tokens, mask, style in zip(frame["tokens"], frame["phrase_mask"], frame["style"]):
-        keep = transfer_mask(list(tokens), list(mask), propensity, min_propensity)
-        clause = clause_mask(list(tokens), keep, clause_words[style]) if clause_words.get(style) else None
-        masks.append(clause or keep)
-        is_clause.append(clause is not None)
+        chosen, clause = with_clause(list(tokens), transfer_mask(list(tokens), list(mask), propensity, min_propensity),
+                                     clause_words.get(style, 0))
+        masks.append(chosen)
+        is_clause.append(clause)
     out = frame.assign(
         style_phrase=[" ".join(w for w, k in zip(t, m) if k) for t, m in zip(frame["tokens"], masks)],
         content=[" ".join(w for w, k in zip(t, m) if not k) for t, m in zip(frame["tokens"], masks)],

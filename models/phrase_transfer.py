@@ -87,8 +87,13 @@ def transfer_mask(tokens: Sequence[str], mask: Sequence[bool], propensity: Mappi
             for k in range(kept[0], kept[-1] + 1):
                 out[k] = k in kept or (tokens[k] in STOPWORDS and not is_punctuation(tokens[k]))
         i = j
-    clause = clause_mask(tokens, out, clause_words) if clause_words > 0 else None
-    return clause if clause is not None else out
+    return with_clause(tokens, out, clause_words)[0]
+
+
+def with_clause(tokens: Sequence[str], keep: list[bool], clause_words: int) -> tuple[list[bool], bool]:
+    """(``keep`` replaced by its first style word's clause where ``clause_words`` > 0 and one fits, whether it was)."""
+    clause = clause_mask(tokens, keep, clause_words) if clause_words > 0 else None
+    return (clause, True) if clause is not None else (keep, False)
 
 
 def clause_mask(tokens: Sequence[str], keep: Sequence[bool], max_words: int) -> list[bool] | None:
@@ -108,10 +113,9 @@ def transfer_phrase(tokens: Sequence[str], mask: Sequence[bool], propensity: Map
 def transfer_split(tokens: Sequence[str], mask: Sequence[bool], propensity: Mapping[str, float],
                    min_propensity: float, factual_caption: str = "", clause_words: int = 0) -> tuple[str, bool]:
     """(transfer phrase, whether it is a whole clause): a clause is placed as one block by the generator."""
-    keep = transfer_mask(tokens, mask, propensity, min_propensity, factual_caption)
-    clause = clause_mask(tokens, keep, clause_words) if clause_words > 0 else None
-    chosen = clause if clause is not None else keep
-    return " ".join(t for t, k in zip(tokens, chosen) if k), clause is not None
+    chosen, is_clause = with_clause(tokens, transfer_mask(tokens, mask, propensity, min_propensity, factual_caption),
+                                    clause_words)
+    return " ".join(t for t, k in zip(tokens, chosen) if k), is_clause
 
 
 def save_propensity(propensity: Mapping[str, float], min_propensity: float, path: str | Path,
