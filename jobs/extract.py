@@ -174,13 +174,14 @@ def fit_extractor(cfg: ErgConfig, style_set: str, stylized: pd.DataFrame, run_id
                     f"head.{style_set}.selection_captions": selection.n_captions,
                     f"head.{style_set}.seconds": time.perf_counter() - tick})
     _log_head(style_set, selection)
+    registered = None  # the logged classifier is registered as erg_style_classifier_<set>: that version is aliased
     if cfg.mlflow.register_models:
-        log_transformers_model(cfg, clf.model, clf.tokenizer, name=f"style_classifier_{style_set}",
-                               task="text-classification")
+        registered = log_transformers_model(cfg, clf.model, clf.tokenizer, name=f"style_classifier_{style_set}",
+                                            task="text-classification")
     record = {"path": str(out_dir), "version": run_id, "style_set": style_set, "styles": clf.labels,
               "layer": selection.layer, "head": selection.head, "eps": cfg.extract.eps, "max_length": c.max_length,
               "val_accuracy": metrics.get(f"classifier.{style_set}.val_accuracy")}
-    set_current(cfg, classifier_kind(style_set), record)
+    set_current(cfg, classifier_kind(style_set), record, registered_version=registered)
     return record, metrics
 
 

@@ -231,14 +231,15 @@ def train_generator(spark: SparkSession, cfg: ErgConfig, run_id: str) -> dict:
     metrics.update(gen_metrics)
     model_path = gen.save(out_dir / "model")
     vocabulary_path = write_vocabulary(train, factual_words, out_dir)
+    registered = None  # the logged generator is registered as erg_generator: that version is aliased
     if cfg.mlflow.register_models:
-        log_transformers_model(cfg, gen.model, gen.tokenizer, name="generator",
-                               task="text-generation" if g.kind == "causal" else "text2text-generation")
+        registered = log_transformers_model(cfg, gen.model, gen.tokenizer, name="generator",
+                                            task="text-generation" if g.kind == "causal" else "text2text-generation")
     current = {"path": model_path, "kind": g.kind, "version": run_id, "lm_path": lm_path,
                "vocabulary_path": vocabulary_path, "propensity_path": propensity_path,
                "max_source_len": g.max_source_len,
                "max_target_len": g.max_target_len}
-    set_current(cfg, "generator", current)
+    set_current(cfg, "generator", current, registered_version=registered)
     return {"current": current, "metrics": metrics}
 
 
