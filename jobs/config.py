@@ -379,9 +379,11 @@ class TrainConf(_Section):
     backend: Literal["torch_distributor", "horovod"] = Field(
         "torch_distributor", description="torch_distributor: Spark's TorchDistributor (DDP; gloo on CPU, nccl on "
         "GPU); horovod: horovod.spark.run with Gloo (needs scripts/install_horovod.sh or a Databricks ML runtime)")
-    reader: Literal["parquet", "petastorm"] = Field(
-        "parquet", description="how the training snapshot is written: Spark Parquet, or petastorm's Spark converter "
-        "(falls back to Parquet, tagged erg.reader_fallback, where petastorm cannot import)")
+    reader: Literal["parquet", "mds", "petastorm"] = Field(
+        "parquet", description="how the training snapshot is written and read: Spark Parquet (every worker reads "
+        "all of it); mds: Mosaic Streaming shards, each worker reading its partition with a StreamingDataset "
+        "(needs mosaicml-streaming, see README); petastorm: petastorm's Spark converter (falls back to Parquet, "
+        "tagged erg.reader_fallback, where petastorm cannot import)")
     num_processes: int = Field(2, ge=1, description="training processes (one per GPU with use_gpu)")
     local_mode: Optional[bool] = Field(None, description="TorchDistributor local_mode: processes on the driver; "
                                        "null = true locally, false on Databricks (barrier tasks on executors)")

@@ -6,10 +6,12 @@ with its image's scene features (``train.features``, :mod:`jobs.scene_features`:
 context, independent of the retrieval encoder). Pairs whose image has no features are counted per origin and
 logged, never lost silently.
 
-The pairs are written once as a Parquet snapshot under ``<home>/models/captioner/<run id>/data`` (by Spark, or by
-petastorm's Spark converter with ``train.reader: petastorm``, which falls back to Spark Parquet with a warning and
-the MLflow tag ``erg.reader_fallback`` where petastorm cannot be imported); every worker process of
-:func:`models.captioner_training.train_worker` reads those files. Workers run under
+The pairs are written once as a snapshot under ``<home>/models/captioner/<run id>/data``: Spark Parquet (every
+worker process of :func:`models.captioner_training.train_worker` reads all files), Mosaic Streaming shards with
+``train.reader: mds`` (``streaming``'s Spark ``dataframe_to_mds``; each worker reads its own partition through a
+``StreamingDataset``, the loader Databricks recommends), or petastorm's Spark converter with ``train.reader:
+petastorm``, which falls back to Spark Parquet with a warning and the MLflow tag ``erg.reader_fallback`` where
+petastorm cannot be imported (it cannot with the pyarrow that pyspark 4.2 needs). Workers run under
 ``TorchDistributor(num_processes, local_mode, use_gpu)`` (DDP: gloo on CPU, nccl on GPU), or under
 ``horovod.spark.run(..., use_gloo=True)`` with ``train.backend: horovod``.
 
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import time
 import warnings
 from pathlib import Path
@@ -41,6 +44,8 @@ VARIANTS = ("original", "augmented")
 ORIGINS = ("original", "augmented")
 INSTALL_HOROVOD = "scripts/install_horovod.sh"
 SUMMARY_FILE = "train_summary.json"
+READERS = ("parquet", "mds", "petastorm")
+MDS_INDEX_COLUMN = "row_index"
 
 
 def captioner_variant(cfg: ErgConfig) -> str:
@@ -124,14 +129,35 @@ def petastorm_files(spark: SparkSession, frame: DataFrame, folder: Path) -> list
     return sorted(urlparse(url).path for url in converter.file_urls)
 
 
-def write_snapshot(spark: SparkSession, frame: DataFrame, folder: Path, reader: str) -> tuple[list[str], str | None]:
-    """Write the training pairs once for every worker; returns (Parquet files, reason of a fallback or None).
+def mds_dataset(frame: DataFrame, folder: Path) -> str:
+    """Write ``frame`` as Mosaic Streaming (MDS) shards with ``streaming``'s Spark converter (one writer per Spark
+    partition, indexes merged into ``folder/index.json``), each row numbered in ``row_index``; returns ``folder``."""
+    try:
+        from streaming.base.converters import dataframe_to_mds
+    except ImportError as err:
+        raise ImportError(f"train.reader=mds needs Mosaic Streaming ({err}): pip install -e '.[mds]' && pip install "
+                          "--no-deps mosaicml-streaming==0.13.0 (a Databricks ML runtime has it), or set "
+                          "train.reader=parquet") from err
+    if folder.exists():
+        shutil.rmtree(folder)  # a rerun after a crash: the converter refuses a folder that has shards
+    numbered = frame.withColumn(MDS_INDEX_COLUMN, F.monotonically_increasing_id())
+    dataframe_to_mds(numbered, merge_index=True, mds_kwargs={"out": str(folder), "compression": "zstd"})
+    if not (folder / "index.json").is_file():
+        raise RuntimeError(f"the MDS snapshot in {folder} has no index.json")
+    return str(folder)
 
-    ``reader`` ``parquet`` writes Spark Parquet; ``petastorm`` uses petastorm's converter and, where petastorm
-    cannot be imported, warns and falls back to Spark Parquet, returning the import error as the reason.
+
+def write_snapshot(spark: SparkSession, frame: DataFrame, folder: Path, reader: str) -> tuple[list[str], str | None]:
+    """Write the training pairs once for every worker; returns (what the workers read, reason of a fallback or None).
+
+    ``reader`` ``parquet`` writes Spark Parquet (its files); ``mds`` writes MDS shards (their folder, see
+    :func:`mds_dataset`); ``petastorm`` uses petastorm's converter and, where petastorm cannot be imported, warns
+    and falls back to Spark Parquet, returning the import error as the reason.
     """
-    if reader not in ("parquet", "petastorm"):
-        raise ValueError(f"reader must be 'parquet' or 'petastorm', got {reader!r}")
+    if reader not in READERS:
+        raise ValueError(f"reader must be one of {list(READERS)}, got {reader!r}")
+    if reader == "mds":
+        return [mds_dataset(frame, folder / "mds")], None
     if reader == "petastorm":
         try:
             return petastorm_files(spark, frame, folder / "petastorm"), None
@@ -163,7 +189,7 @@ def check_hparams(cfg: ErgConfig) -> None:
 
 
 def worker_config(cfg: ErgConfig, train_paths: list[str], output_dir: Path, feature_regions: int = 1,
-                  regions_column: str | None = None) -> dict[str, Any]:
+                  regions_column: str | None = None, train_format: str = "parquet") -> dict[str, Any]:
     """The ``config`` dict of :func:`models.captioner_training.train_worker` for the conf's ``train`` section."""
     t = cfg.train
     return {"train_paths": list(train_paths), "output_dir": str(output_dir), "kind": t.captioner,
@@ -172,7 +198,7 @@ def worker_config(cfg: ErgConfig, train_paths: list[str], output_dir: Path, feat
             "grad_clip": t.grad_clip, "scheduled_sampling": t.scheduled_sampling.model_dump(),
             "seed": t.seed, "device": "cuda" if t.use_gpu else "cpu",
             "backend": "horovod" if t.backend == "horovod" else "ddp", "feature_regions": feature_regions,
-            "regions_column": regions_column}
+            "regions_column": regions_column, "train_format": train_format, "index_column": MDS_INDEX_COLUMN}
 
 
 def _record_summary(config: dict[str, Any], summary: dict[str, Any] | None) -> None:
@@ -279,7 +305,8 @@ def snapshot_config(spark: SparkSession, cfg: ErgConfig, pairs: DataFrame, folde
     snapshot files, the reader fallback's reason or None)."""
     snapshot = pairs.select("features", "n_regions", "style", "caption", "origin", "pair_id", "image_id")
     files, fallback = write_snapshot(spark, snapshot, folder / "data", cfg.train.reader)
-    return worker_config(cfg, files, folder / "model", regions, "n_regions"), len(files), fallback
+    train_format = "mds" if cfg.train.reader == "mds" else "parquet"
+    return worker_config(cfg, files, folder / "model", regions, "n_regions", train_format), len(files), fallback
 
 
 def fit_captioner(spark: SparkSession, cfg: ErgConfig, pairs: DataFrame, folder: Path, regions: int

@@ -2,11 +2,14 @@
 
 :func:`train_worker` is a plain, picklable function with no Spark import. Each worker process
 
-1. reads the training pairs from Parquet files (columns: style, caption, image feature vector as ``list<float>``);
+1. reads the training pairs (columns: style, caption, image feature vector as ``list<float>``) from Parquet files
+   (``train_format="parquet"``: every rank reads all rows) or from a Mosaic Streaming (MDS) dataset
+   (``train_format="mds"``: each rank reads its own partition through ``streaming.StreamingDataset``);
 2. joins the process group that the launcher described in the environment (``RANK``, ``WORLD_SIZE``,
    ``MASTER_ADDR``, ``MASTER_PORT``, ``LOCAL_RANK``, as TorchDistributor and torchrun set them; gloo on CPU, nccl on
    GPU), or runs alone when ``WORLD_SIZE`` is absent or 1; with ``backend="horovod"`` it calls ``hvd.init()``;
-3. takes its shard of the rows through ``DistributedSampler`` and trains the captioner wrapped in DDP (or with
+3. takes its shard of the rows (Parquet: through ``DistributedSampler``; MDS: the partition StreamingDataset gave
+   it, cut to the smallest rank's size so every rank takes the same number of steps) and trains the captioner wrapped in DDP (or with
    Horovod's ``DistributedOptimizer``) with Adam (the paper's recipe) or AdamW, optionally with scheduled sampling
    (the probability of feeding the model's own sample back instead of the gold word rises with the epochs);
 4. reports every ``log_every`` steps to an optional ``on_step(step, metrics)`` callback (rank 0 only) and, after
@@ -14,7 +17,8 @@
    output): model i/n, epoch, mean loss, seconds; saves the model and its vocabulary from rank 0 to ``output_dir``
    and returns the loss curve from rank 0 (None elsewhere).
 
-Every rank reads all rows (the sampler needs the whole index) and builds the same vocabulary from them.
+Every rank builds the same vocabulary from all rows (Parquet: it read them; MDS: the ranks exchange their captions,
+ordered by the snapshot's row index).
 
 Images with different numbers of regions (e.g. the textual visual context: a few texts per image) are stored padded
 to ``feature_regions`` regions, with the count of real ones in ``regions_column``; the padding is masked out.
@@ -43,6 +47,7 @@ from models.captioners import (CAPTIONER_KINDS, Captioner, CaptionVocab, build_c
                                teacher_forcing_loss)
 
 BACKENDS = ("ddp", "horovod")
+TRAIN_FORMATS = ("parquet", "mds")
 OPTIMIZERS = ("adam", "adamw")
 SCHEDULE_KEYS = ("start", "increase", "every_epochs", "max")
 
@@ -112,6 +117,8 @@ class TrainConfig:
     caption_column: str = "caption"
     feature_regions: int = 1
     regions_column: str | None = None
+    train_format: str = "parquet"  # parquet: files or folders of them; mds: one MDS dataset folder (index.json)
+    index_column: str = "row_index"  # mds: a unique integer per row, for the vocabulary's order and shard checks
     vocab_path: str | None = None
     min_count: int = 1
     max_words: int = 30
@@ -152,6 +159,8 @@ class TrainConfig:
             raise ValueError(f"kind must be one of {list(CAPTIONER_KINDS)}, got {self.kind!r}")
         if not isinstance(self.hparams, dict):
             raise ValueError(f"hparams must be a dict of captioner hyper-parameters, got {self.hparams!r}")
+        if self.train_format not in TRAIN_FORMATS:
+            raise ValueError(f"train_format must be one of {list(TRAIN_FORMATS)}, got {self.train_format!r}")
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {list(BACKENDS)}, got {self.backend!r}")
         if self.optimizer not in OPTIMIZERS:
@@ -212,6 +221,51 @@ def read_caption_parquet(paths: tuple[str, ...] | list[str], feature_column: str
     table = dataset.to_table(columns=columns)
     if table.num_rows == 0:
         raise ValueError(f"training data in {list(paths)} has no rows")
+    return caption_data(table, feature_column, style_column, caption_column, feature_regions, regions_column)
+
+
+def read_caption_mds(path: str, rank: int, world_size: int, local_rank: int, local_world_size: int,
+                     feature_column: str = "features", style_column: str = "style", caption_column: str = "caption",
+                     feature_regions: int = 1, regions_column: str | None = None, index_column: str = "row_index",
+                     batch_size: int = 64) -> tuple[CaptionData, np.ndarray]:
+    """This rank's partition of the MDS dataset in ``path`` (written by ``streaming``'s ``dataframe_to_mds`` or an
+    ``MDSWriter``), read through ``streaming.StreamingDataset``; returns it and its rows' ``index_column`` values.
+
+    StreamingDataset divides the samples among ``world_size`` ranks (padding the last ones by repeating samples, so
+    the partitions are equally long); it reads the ranks from the environment, which this sets from the arguments
+    (Horovod does not set ``RANK`` / ``WORLD_SIZE``).
+    """
+    from streaming import StreamingDataset
+
+    if not (Path(path) / "index.json").is_file():
+        raise ValueError(f"{path} is not an MDS dataset (no index.json): write the snapshot with train.reader=mds")
+    os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(local_rank),
+                       "LOCAL_WORLD_SIZE": str(local_world_size)})
+    dataset = StreamingDataset(local=str(path), shuffle=False, batch_size=batch_size)
+    columns = [feature_column, style_column, caption_column] + ([regions_column] if regions_column else [])
+    samples = list(dataset)
+    if not samples:
+        raise ValueError(f"rank {rank} got no rows of the MDS dataset in {path}")
+    absent = [c for c in columns + [index_column] if c not in samples[0]]
+    if absent:
+        raise ValueError(f"training data in {path} lacks columns {absent}; it has {sorted(samples[0])}")
+    table = pa.table({
+        feature_column: pa.array([np.asarray(s[feature_column], dtype=np.float32).ravel() for s in samples],
+                                 type=pa.list_(pa.float32())),
+        style_column: pa.array([s[style_column] for s in samples], type=pa.string()),
+        caption_column: pa.array([s[caption_column] for s in samples], type=pa.string()),
+        **({regions_column: pa.array([int(s[regions_column]) for s in samples], type=pa.int64())}
+           if regions_column else {}),
+    })
+    data = caption_data(table, feature_column, style_column, caption_column, feature_regions, regions_column)
+    return data, np.asarray([int(s[index_column]) for s in samples], dtype=np.int64)
+
+
+def caption_data(table: pa.Table, feature_column: str, style_column: str, caption_column: str,
+                 feature_regions: int = 1, regions_column: str | None = None) -> CaptionData:
+    """Check the training pairs in ``table`` (no nulls, string styles and captions, finite vectors of one length
+    divisible by ``feature_regions``, real-region counts in range) and return them as arrays."""
+    columns = [feature_column, style_column, caption_column] + ([regions_column] if regions_column else [])
     for name in columns:
         nulls = table.column(name).null_count
         if nulls:
@@ -415,27 +469,56 @@ def _progress(cfg: TrainConfig, model_of: tuple[int, int], epoch: int, loss: flo
             f"({time.time() - started:.0f} s)")
 
 
+def _rank_data(cfg: TrainConfig, collective: _Collective):
+    """(the rows this rank reads, their row ids, every row's caption and style in one order on all ranks, a function
+    making this rank's sampler over a dataset of its rows)."""
+    if cfg.train_format == "parquet":
+        data = read_caption_parquet(cfg.train_paths, cfg.feature_column, cfg.style_column, cfg.caption_column,
+                                    cfg.feature_regions, cfg.regions_column)
+        return (data, np.arange(len(data.captions), dtype=np.int64), data.captions, data.styles,
+                lambda dataset: DistributedSampler(dataset, num_replicas=collective.world_size, rank=collective.rank,
+                                                   shuffle=True, seed=cfg.seed, drop_last=True))
+    if len(cfg.train_paths) != 1:
+        raise ValueError(f"train_format=mds reads one MDS dataset folder, got {len(cfg.train_paths)} paths")
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("HOROVOD_LOCAL_SIZE")
+                           or collective.world_size)
+    data, row_ids = read_caption_mds(cfg.train_paths[0], collective.rank, collective.world_size,
+                                     collective.local_rank, local_world_size, cfg.feature_column, cfg.style_column,
+                                     cfg.caption_column, cfg.feature_regions, cfg.regions_column, cfg.index_column,
+                                     cfg.batch_size)
+    by_row: dict[int, tuple[str, str]] = {}
+    sizes = []
+    for ids, captions, styles in collective.gather((row_ids.tolist(), data.captions, data.styles)):
+        sizes.append(len(ids))
+        by_row.update(zip(ids, zip(captions, styles)))
+    keep = min(sizes)  # every rank takes the same number of steps (DDP all-reduces each one)
+    data = CaptionData(data.features[:keep], data.styles[:keep], data.captions[:keep],
+                       None if data.n_regions is None else data.n_regions[:keep])
+    order = sorted(by_row)
+    return (data, row_ids[:keep], [by_row[i][0] for i in order], [by_row[i][1] for i in order],
+            lambda dataset: DistributedSampler(dataset, num_replicas=1, rank=0, shuffle=True,
+                                               seed=cfg.seed + collective.rank, drop_last=False))
+
+
 def _train(cfg: TrainConfig, collective: _Collective, device: torch.device,
            on_step: OnStep | None, model_of: tuple[int, int] = (1, 1)) -> dict[str, Any] | None:
     started = time.time()
-    data = read_caption_parquet(cfg.train_paths, cfg.feature_column, cfg.style_column, cfg.caption_column,
-                                cfg.feature_regions, cfg.regions_column)
+    data, row_ids, all_captions, all_styles, sampler_of = _rank_data(cfg, collective)
     if cfg.vocab_path:
         vocab = CaptionVocab.load(cfg.vocab_path)
     else:
-        vocab = CaptionVocab.build(data.captions, sorted(set(data.styles)), cfg.min_count)
-    unknown_styles = sorted(set(data.styles) - set(vocab.styles))
+        vocab = CaptionVocab.build(all_captions, sorted(set(all_styles)), cfg.min_count)
+    unknown_styles = sorted(set(all_styles) - set(vocab.styles))
     if unknown_styles:
         raise ValueError(f"styles {unknown_styles} in the data are not in the vocabulary's {list(vocab.styles)}")
-    rows = len(data.captions)
+    rows = len(all_captions)
     if rows < collective.world_size:
         raise ValueError(f"{rows} training rows cannot be sharded over {collective.world_size} workers")
     mask = data.padding_mask()
     mask = torch.from_numpy(mask) if mask is not None else torch.zeros(data.features.shape[:2], dtype=torch.bool)
-    dataset = TensorDataset(torch.arange(rows), torch.from_numpy(data.features),
+    dataset = TensorDataset(torch.from_numpy(row_ids), torch.from_numpy(data.features),
                             vocab.encode_batch(data.captions, data.styles, cfg.max_words), mask)
-    sampler = DistributedSampler(dataset, num_replicas=collective.world_size, rank=collective.rank, shuffle=True,
-                                 seed=cfg.seed, drop_last=True)
+    sampler = sampler_of(dataset)
     loader = DataLoader(dataset, batch_size=cfg.batch_size, sampler=sampler)
 
     torch.manual_seed(cfg.seed)

@@ -4,6 +4,9 @@
   tests record that exact failure (skipped where petastorm is not installed; CI installs it with
   ``pip install --no-deps petastorm==0.13.1 diskcache==5.6.3 future==1.0.0``) and that ``train.reader: petastorm``
   falls back to the Spark Parquet snapshot with a warning and the reason.
+- Mosaic Streaming (``train.reader: mds``, the loader Databricks recommends): the snapshot is written as MDS shards
+  by ``streaming``'s Spark converter and two TorchDistributor processes each read their own partition through a
+  ``StreamingDataset`` (skipped where mosaicml-streaming is not installed; CI installs it ``--no-deps``).
 - Horovod: without it, ``train.backend: horovod`` is an ImportError naming ``scripts/install_horovod.sh``; where it
   is installed (that script, or a Databricks ML runtime), two Gloo processes under ``horovod.spark.run`` train a
   captioner and the loss falls.
@@ -11,6 +14,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +23,7 @@ import pyarrow.parquet as pq
 import pytest
 
 PETASTORM = importlib.util.find_spec("petastorm") is not None
+STREAMING = importlib.util.find_spec("streaming") is not None
 HOROVOD = importlib.util.find_spec("horovod") is not None and importlib.util.find_spec("horovod.torch") is not None
 FEATURE_DIM = 8
 SCENES = ["dog runs on the grass", "man rides a bike", "kid plays in the snow", "cat sleeps on a sofa"]
@@ -63,8 +68,43 @@ def test_petastorm_reader_falls_back_to_spark_parquet(spark, tmp_path: Path) -> 
 def test_snapshot_reader_must_be_known(tmp_path: Path) -> None:
     from jobs.train import write_snapshot
 
-    with pytest.raises(ValueError, match="reader must be 'parquet' or 'petastorm', got 'delta'"):
+    with pytest.raises(ValueError, match=r"reader must be one of \['parquet', 'mds', 'petastorm'\], got 'delta'"):
         write_snapshot(None, None, tmp_path, "delta")
+
+
+@pytest.mark.spark
+@pytest.mark.skipif(not STREAMING, reason="mosaicml-streaming is not installed (pip install --no-deps "
+                                          "mosaicml-streaming==0.13.0; its other requirements are in the test extra)")
+def test_mds_snapshot_is_read_by_streaming_dataset_in_two_torch_distributor_processes(spark, tmp_path: Path) -> None:
+    import torch
+    from streaming import StreamingDataset
+
+    from jobs.config import load_config
+    from jobs.train import run_distributed, worker_config, write_snapshot
+    from models.captioners import greedy_decode, load_captioner
+
+    rows = _pairs()  # 48 rows
+    frame = spark.createDataFrame(rows, "features array<float>, style string, caption string").repartition(3)
+    paths, fallback = write_snapshot(spark, frame, tmp_path / "data", "mds")
+    assert fallback is None and paths == [str(tmp_path / "data" / "mds")]
+    index = json.loads((tmp_path / "data" / "mds" / "index.json").read_text())
+    assert sum(shard["samples"] for shard in index["shards"]) == len(rows)
+    whole = StreamingDataset(local=paths[0], shuffle=False, batch_size=8)
+    assert len(whole) == len(rows) and sorted(s["caption"] for s in whole) == sorted(r[2] for r in rows)
+    assert len({int(s["row_index"]) for s in whole}) == len(rows)
+
+    torch.manual_seed(0)
+    cfg = load_config("test", [f"home={tmp_path}", "train.reader=mds", "train.num_processes=2", "train.epochs=6",
+                               "train.batch_size=8", "train.lr=0.01", "train.hparams={embed_dim: 16, hidden_dim: 32}"])
+    config = worker_config(cfg, paths, tmp_path / "model", train_format="mds")
+    summary = run_distributed(cfg, config)
+    assert summary["backend"] == "ddp" and summary["world_size"] == 2
+    assert summary["rows"] == len(rows) and summary["rows_per_rank"] == [24, 24]
+    assert summary["shard_overlap"] == 0 and summary["rows_covered"] == len(rows)  # each rank its own partition
+    assert summary["loss_last"] < 0.7 * summary["loss_first"]
+    model = load_captioner(tmp_path / "model")
+    assert model.vocab.styles == ("humor", "romantic")
+    assert len(greedy_decode(model, torch.zeros(2, FEATURE_DIM), "humor", max_len=8)) == 2
 
 
 def _horovod_setup(tmp_path: Path) -> tuple:
