@@ -17,13 +17,11 @@ import mlflow
 import numpy as np
 import pandas as pd
 import pytest
-import torch
 from PIL import Image
-from tokenizers import pre_tokenizers
-from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPTokenizer
 
 from models.encoders import ImageInput, load_encoder
 from models.scene_index import RETRIEVAL_TYPES, build_scene_index
+from tiny_models import save_tiny_clip
 from udfs.embedding import EncoderSpec, embed_batch
 from udfs.retrieval import (
     RetrievalPlan,
@@ -177,19 +175,7 @@ def png(colour: tuple[int, int, int]) -> bytes:
 
 @pytest.fixture(scope="module")
 def tiny_clip(tmp_path_factory: pytest.TempPathFactory) -> str:
-    folder = tmp_path_factory.mktemp("tiny-clip")
-    vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1}
-    for symbol in (alphabet := sorted(pre_tokenizers.ByteLevel.alphabet())) + [s + "</w>" for s in alphabet]:
-        vocab[symbol] = len(vocab)
-    CLIPTokenizer(vocab=vocab, merges=[]).save_pretrained(folder)
-    text = dict(vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                num_attention_heads=4, max_position_embeddings=77, bos_token_id=0, eos_token_id=1, pad_token_id=1)
-    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4, image_size=32,
-                  patch_size=8)
-    torch.manual_seed(0)
-    CLIPModel(CLIPConfig(text_config=text, vision_config=vision, projection_dim=16)).save_pretrained(folder)
-    CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}).save_pretrained(folder)
-    return str(folder)
+    return save_tiny_clip(tmp_path_factory.mktemp("tiny-clip"), layers=1)
 
 
 def test_embed_batch_reads_image_files_and_skips_only_bad_items(tiny_clip: str, tmp_path) -> None:

@@ -15,17 +15,14 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from tokenizers import pre_tokenizers
 from transformers import (
     AutoModel,
     AutoTokenizer,
     BertConfig,
     BertModel,
     BertTokenizerFast,
-    CLIPConfig,
     CLIPImageProcessor,
     CLIPModel,
-    CLIPTokenizer,
 )
 
 from models.backbones import minilm_path
@@ -37,6 +34,7 @@ from models.encoders import (
     SceneEncoder,
     load_encoder,
 )
+from tiny_models import save_tiny_clip
 
 
 def assert_unit_rows(vectors: np.ndarray, rows: int, dim: int) -> None:
@@ -150,21 +148,7 @@ def png_bytes(colour: tuple[int, int, int], size: tuple[int, int] = (40, 48), fm
 
 @pytest.fixture(scope="module")
 def tiny_clip_path(tmp_path_factory: pytest.TempPathFactory) -> str:
-    folder = tmp_path_factory.mktemp("tiny-clip")
-    vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1}
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    for symbol in alphabet + [symbol + "</w>" for symbol in alphabet]:
-        vocab[symbol] = len(vocab)
-    CLIPTokenizer(vocab=vocab, merges=[]).save_pretrained(folder)
-    text = dict(vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                max_position_embeddings=77, bos_token_id=0, eos_token_id=1, pad_token_id=1)
-    vision = dict(
-        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, image_size=32, patch_size=8
-    )
-    torch.manual_seed(0)
-    CLIPModel(CLIPConfig(text_config=text, vision_config=vision, projection_dim=16)).save_pretrained(folder)
-    CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}).save_pretrained(folder)
-    return str(folder)
+    return save_tiny_clip(tmp_path_factory.mktemp("tiny-clip"))
 
 
 def test_tiny_clip_loads_and_encodes_pixels_and_text(tiny_clip_path: str) -> None:

@@ -14,10 +14,8 @@ import math
 import numpy as np
 import pytest
 import torch
-from transformers import AutoTokenizer, BertConfig, BertModel
-
-from models.backbones import minilm_path
 from models.style_classifier import StyleClassifier, fine_tune, load_style_classifier, validate_labels
+from tiny_models import save_tiny_bert
 
 # One intra-op thread: on a shared 2-core machine two OpenMP threads contend and run ~8x slower.
 torch.set_num_threads(1)
@@ -44,14 +42,7 @@ def separable_corpus(n_per_label: int, seed: int) -> tuple[list[str], list[str]]
 @pytest.fixture(scope="module")
 def tiny_path(tmp_path_factory) -> str:
     """A tiny BERT backbone (no classification head) with MiniLM's tokenizer, saved like a hub checkpoint."""
-    torch.manual_seed(0)
-    tokenizer = AutoTokenizer.from_pretrained(minilm_path())
-    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=64, max_position_embeddings=64)
-    path = tmp_path_factory.mktemp("tiny_bert")
-    BertModel(config).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return str(path)
+    return save_tiny_bert(tmp_path_factory.mktemp("tiny_bert"))
 
 
 def test_tiny_bert_loads_with_a_new_head_and_round_trips(tiny_path, tmp_path):
