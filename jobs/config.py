@@ -32,7 +32,8 @@ class SparkConf(_Section):
     master: str = Field("local[*]", description="Spark master for local runs, e.g. local[*] or local[2]")
     app_name: str = "erg"
     jars_dir: str = Field("~/.cache/erg/jars/delta-4.4.0", description="folder Maven resolves Delta's jars into")
-    shuffle_partitions: int = Field(8, ge=1)
+    shuffle_partitions: Optional[int] = Field(8, ge=1, description="spark.sql.shuffle.partitions; null leaves the "
+                                              "session's own (a cluster's, which AQE coalesces)")
     arrow_max_records_per_batch: int = Field(256, ge=1, description="rows per Arrow batch fed to a pandas UDF")
     driver_memory: str = "4g"
     show_progress: bool = True

@@ -66,7 +66,8 @@ def _prepared(spark, cfg: ErgConfig):
     """Apply the conf's runtime settings and make sure its schema and tables exist (once per session)."""
     from jobs.tables import register_tables
 
-    spark.conf.set("spark.sql.shuffle.partitions", str(cfg.spark.shuffle_partitions))
+    if cfg.spark.shuffle_partitions is not None:
+        spark.conf.set("spark.sql.shuffle.partitions", str(cfg.spark.shuffle_partitions))
     spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", str(cfg.spark.arrow_max_records_per_batch))
     key = (spark.sparkContext.applicationId, f"{cfg.tables.catalog}.{cfg.tables.schema_name}", cfg.tables.location)
     if key not in _REGISTERED:
