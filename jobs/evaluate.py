@@ -74,11 +74,16 @@ def style_scores(group: pd.DataFrame, references: dict[str, list[str]], scorer, 
         raise ValueError(f"ppl statistic must be 'median' or 'mean', got {statistic!r}")
     scores = scorer.score(references, dict(zip(group["image_id"], group["hypothesis"])))
     perplexity = group["perplexity"].to_numpy(dtype=float)
-    perplexity = perplexity[np.isfinite(perplexity)]
+    perplexity = perplexity[np.isfinite(perplexity)]  # counted by nonfinite_perplexities, logged by the callers
     scores["cls."] = float((group["predicted_style"] == group["style"]).mean())
     scores["ppl."] = float(np.median(perplexity) if statistic == "median" else perplexity.mean()) \
         if len(perplexity) else float("nan")
     return scores
+
+
+def nonfinite_perplexities(group: pd.DataFrame) -> int:
+    """Hypotheses whose trigram perplexity is NaN or infinite: left out of ``ppl.``, so counted and logged."""
+    return int((~np.isfinite(group["perplexity"].to_numpy(dtype=float))).sum())
 
 
 def evaluate(spark: SparkSession, cfg: ErgConfig) -> dict[str, Any]:
@@ -140,6 +145,7 @@ def evaluate(spark: SparkSession, cfg: ErgConfig) -> dict[str, Any]:
             for (variant, style), group in hypotheses.groupby(["variant", "style"], sort=False):
                 refs = {image: references[(image, style)] for image in group["image_id"]}
                 metrics[variant][style] = style_scores(group, refs, scorer, e.ppl_statistic)
+                counts[f"ppl_nonfinite.{variant}.{style}"] = nonfinite_perplexities(group)
             rerank = rerank_report(reranked, references, scorer, e.samples_to_log) if reranked is not None else {}
         metrics = {v: {s: metrics[v][s] for s in styles if s in metrics[v]} for v in captioners}
         flat = {f"{v}.{s}.{m}": value for v, by_style in metrics.items() for s, scores in by_style.items()

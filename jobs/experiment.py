@@ -396,7 +396,7 @@ def score_cells(spark: SparkSession, cfg: ErgConfig, trained: dict[str, dict[str
                 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Step 6: per style, every cell's captioner captions the test images on the executors; the captions are
     scored (BLEU-1/3, METEOR, CIDEr, cls., cls. by the independent grader, ppl.). Returns (rows, samples)."""
-    from jobs.evaluate import style_scores
+    from jobs.evaluate import nonfinite_perplexities, style_scores
     from models.caption_metrics import CaptionScorer
     from udfs.captioning import HYPOTHESIS_DDL, make_captioner_evaluator
 
@@ -427,13 +427,15 @@ def score_cells(spark: SparkSession, cfg: ErgConfig, trained: dict[str, dict[str
                        "types": list(cell.types) if cell.types else "all", "fraction": cell.fraction,
                        "bleu1": scores["BLEU-1"], "bleu3": scores["BLEU-3"], "meteor": scores["METEOR"],
                        "cider": scores["CIDEr"], "cls": scores["cls."], "cls_independent": independent,
-                       "ppl": scores["ppl."], "train_pairs": info["train_pairs"],
+                       "ppl": scores["ppl."], "ppl_nonfinite": nonfinite_perplexities(group),
+                       "train_pairs": info["train_pairs"],
                        "train_pairs_original": info["train_pairs_original"],
                        "train_pairs_augmented": info["train_pairs_augmented"], "test_images": len(group),
                        "run_id": info["run_id"], "train_seconds": info["train_seconds"]}
                 rows.append(row)
                 _log_child_metrics(info["run_id"], {k: row[k] for k in ("bleu1", "bleu3", "meteor", "cider", "cls",
-                                                                         "cls_independent", "ppl", "test_images")})
+                                                                         "cls_independent", "ppl", "ppl_nonfinite",
+                                                                         "test_images")})
                 for r in group.head(e.samples_to_log).itertuples():
                     samples.append({"style": style, "captioner": cell.captioner, "variant": cell.variant,
                                     "image_id": r.image_id, "hypothesis": r.hypothesis,

@@ -76,3 +76,13 @@ def test_measurable_styles_names_why_a_style_is_left_out() -> None:
                                        + [f"{s}/nic/augmented:{t}" for s in ("humor", "romantic") for t in ("i2t", "t2t")])
     with pytest.raises(RuntimeError, match="no style can be measured"):
         measurable_styles(cfg, ["humor"], {}, {}, {"humor": 3}, "g1")
+
+
+def test_perplexities_left_out_of_ppl_are_counted() -> None:
+    import pandas as pd
+
+    from jobs.evaluate import nonfinite_perplexities
+
+    group = pd.DataFrame({"perplexity": [12.0, float("nan"), float("inf"), 30.0, None]})
+    assert nonfinite_perplexities(group) == 3
+    assert nonfinite_perplexities(group.iloc[[0, 3]]) == 0
