@@ -36,9 +36,14 @@ import struct
 from collections import Counter
 from typing import NamedTuple, Sequence
 
-import faiss
 import numpy as np
 import pandas as pd
+
+try:
+    import faiss
+except ImportError as err:  # not a base requirement of the wheel: the CPU or the GPU build is chosen per cluster
+    raise ImportError(f"Faiss is not installed ({err}): pip install 'erg-on-spark[cpu]' (faiss-cpu), or "
+                      "'erg-on-spark[gpu]' (faiss-gpu-cu12) on a CUDA 12 GPU cluster") from err
 
 logger = logging.getLogger(__name__)
 

@@ -191,7 +191,13 @@ def test_every_wheel_task_parses_with_the_erg_cli_and_its_conf_validates(monkeyp
         assert (cfg.tables.catalog, cfg.tables.schema_name) == (DEFAULTS["catalog"], DEFAULTS["schema"])
         if args.command in ("train", "experiment"):
             assert cfg.train.num_processes == DEFAULTS["gpu_workers"] and cfg.train.use_gpu
-        libraries = [lib["whl"] for lib in task["libraries"]]
+        libraries = [lib["whl"] for lib in task["libraries"] if "whl" in lib]
+        packages = [lib["pypi"]["package"] for lib in task["libraries"] if "pypi" in lib]
+        gpu = "spark.task.resource.gpu.amount" in next(
+            c for c in job["job_clusters"] if c["job_cluster_key"] == task["job_cluster_key"]
+        )["new_cluster"].get("spark_conf", {})
+        # Faiss comes with the cluster's libraries: the GPU build on GPU clusters (never faiss-cpu beside it)
+        assert [p.split("==")[0] for p in packages] == (["faiss-gpu-cu12"] if gpu else []), (task["task_key"], packages)
         artifact_files = [f["source"] for a in BUNDLE["artifacts"].values() for f in a["files"]]
         for lib in libraries:  # the library glob (relative to its resources file) covers the built wheel
             lib_path = os.path.relpath((job["_file"].parent / lib).resolve(), ROOT)
