@@ -9,9 +9,10 @@
    ``MASTER_ADDR``, ``MASTER_PORT``, ``LOCAL_RANK``, as TorchDistributor and torchrun set them; gloo on CPU, nccl on
    GPU), or runs alone when ``WORLD_SIZE`` is absent or 1; with ``backend="horovod"`` it calls ``hvd.init()``;
 3. takes its shard of the rows (Parquet: through ``DistributedSampler``; MDS: the partition StreamingDataset gave
-   it, cut to the smallest rank's size so every rank takes the same number of steps) and trains the captioner wrapped in DDP (or with
-   Horovod's ``DistributedOptimizer``) with Adam (the paper's recipe) or AdamW, optionally with scheduled sampling
-   (the probability of feeding the model's own sample back instead of the gold word rises with the epochs);
+   it, cut to the smallest rank's size so every rank takes the same number of steps; ``rows_covered`` in the summary
+   shows any row so left out) and trains the captioner wrapped in DDP (or with Horovod's ``DistributedOptimizer``)
+   with Adam (the paper's recipe) or AdamW, optionally with scheduled sampling (the probability of feeding the
+   model's own sample back instead of the gold word rises with the epochs);
 4. reports every ``log_every`` steps to an optional ``on_step(step, metrics)`` callback (rank 0 only) and, after
    each epoch, one progress line on rank 0's stderr (which TorchDistributor and Horovod relay to the driver's
    output): model i/n, epoch, mean loss, seconds; saves the model and its vocabulary from rank 0 to ``output_dir``
