@@ -189,8 +189,9 @@ def check_hparams(cfg: ErgConfig) -> None:
 
 
 def worker_config(cfg: ErgConfig, train_paths: list[str], output_dir: Path, feature_regions: int = 1,
-                  regions_column: str | None = None, train_format: str = "parquet") -> dict[str, Any]:
-    """The ``config`` dict of :func:`models.captioner_training.train_worker` for the conf's ``train`` section."""
+                  regions_column: str | None = None) -> dict[str, Any]:
+    """The ``config`` dict of :func:`models.captioner_training.train_worker` for the conf's ``train`` section
+    (``train.reader: mds`` reads an MDS folder; parquet and petastorm, which falls back to it, Parquet files)."""
     t = cfg.train
     return {"train_paths": list(train_paths), "output_dir": str(output_dir), "kind": t.captioner,
             "hparams": dict(t.hparams), "min_count": t.min_count, "max_words": t.max_words, "epochs": t.epochs,
@@ -198,7 +199,7 @@ def worker_config(cfg: ErgConfig, train_paths: list[str], output_dir: Path, feat
             "grad_clip": t.grad_clip, "scheduled_sampling": t.scheduled_sampling.model_dump(),
             "seed": t.seed, "device": "cuda" if t.use_gpu else "cpu",
             "backend": "horovod" if t.backend == "horovod" else "ddp", "feature_regions": feature_regions,
-            "regions_column": regions_column, "train_format": train_format, "index_column": MDS_INDEX_COLUMN}
+            "regions_column": regions_column, "train_format": "mds" if t.reader == "mds" else "parquet", "index_column": MDS_INDEX_COLUMN}
 
 
 def _record_summary(config: dict[str, Any], summary: dict[str, Any] | None) -> None:
@@ -305,8 +306,7 @@ def snapshot_config(spark: SparkSession, cfg: ErgConfig, pairs: DataFrame, folde
     snapshot files, the reader fallback's reason or None)."""
     snapshot = pairs.select("features", "n_regions", "style", "caption", "origin", "pair_id", "image_id")
     files, fallback = write_snapshot(spark, snapshot, folder / "data", cfg.train.reader)
-    train_format = "mds" if cfg.train.reader == "mds" else "parquet"
-    return worker_config(cfg, files, folder / "model", regions, "n_regions", train_format), len(files), fallback
+    return worker_config(cfg, files, folder / "model", regions, "n_regions"), len(files), fallback
 
 
 def fit_captioner(spark: SparkSession, cfg: ErgConfig, pairs: DataFrame, folder: Path, regions: int

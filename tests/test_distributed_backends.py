@@ -96,7 +96,8 @@ def test_mds_snapshot_is_read_by_streaming_dataset_in_two_torch_distributor_proc
     torch.manual_seed(0)
     cfg = load_config("test", [f"home={tmp_path}", "train.reader=mds", "train.num_processes=2", "train.epochs=6",
                                "train.batch_size=8", "train.lr=0.01", "train.hparams={embed_dim: 16, hidden_dim: 32}"])
-    config = worker_config(cfg, paths, tmp_path / "model", train_format="mds")
+    config = worker_config(cfg, paths, tmp_path / "model")
+    assert config["train_format"] == "mds"
     summary = run_distributed(cfg, config)
     assert summary["backend"] == "ddp" and summary["world_size"] == 2
     assert summary["rows"] == len(rows) and summary["rows_per_rank"] == [24, 24]
