@@ -37,7 +37,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from jobs.config import CONTEXT_SOURCES, ErgConfig
-from jobs.tables import read_table
+from jobs.spark import default_parallelism
+from jobs.tables import is_delta_table, read_table
 
 logger = logging.getLogger(__name__)
 
@@ -149,15 +150,6 @@ def _cache_path(cfg: ErgConfig, kind: str, version: str) -> str:
     return str(Path(cfg.home) / "features" / schema / kind / version.replace("/", "_").replace(":", "_"))
 
 
-def _delta_exists(spark: SparkSession, path: str) -> bool:
-    from delta.tables import DeltaTable
-
-    try:
-        return DeltaTable.isDeltaTable(spark, path)
-    except Exception:  # noqa: BLE001 - an absent folder
-        return False
-
-
 def cached_vectors(spark: SparkSession, cfg: ErgConfig, items: DataFrame, spec, version: str, kind: str,
                    modality: str) -> tuple[DataFrame, int]:
     """Vectors of ``items`` (``item_id`` and ``text`` or ``uri``/``tags``) by the encoder ``spec``, from the cache
@@ -166,7 +158,7 @@ def cached_vectors(spark: SparkSession, cfg: ErgConfig, items: DataFrame, spec, 
     from udfs.embedding import EMBEDDED_SCHEMA, embed_partitions
 
     path = _cache_path(cfg, kind, version)
-    exists = _delta_exists(spark, path)
+    exists = is_delta_table(spark, path)
     todo = items.dropDuplicates(["item_id"])
     if exists:
         todo = todo.join(spark.read.format("delta").load(path).select("item_id"), "item_id", "left_anti")
@@ -179,7 +171,7 @@ def cached_vectors(spark: SparkSession, cfg: ErgConfig, items: DataFrame, spec, 
     todo = todo.select(*[value.alias(name) for name, value in columns.items()])
     pending = todo.count()
     if pending:
-        partitions = max(1, min(spark.sparkContext.defaultParallelism, pending // max(spec.batch_size, 1) + 1))
+        partitions = max(1, min(default_parallelism(spark), pending // max(spec.batch_size, 1) + 1))
         embedded = (todo.repartition(partitions, "item_id").mapInPandas(embed_partitions(spec), EMBEDDED_SCHEMA)
                     .where(F.col("vector").isNotNull()).select("item_id", "vector"))
         embedded.write.format("delta").mode("append").save(path)

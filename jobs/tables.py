@@ -5,6 +5,7 @@ and never duplicates. Tables are created with Change Data Feed on, so downstream
 """
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -138,15 +139,13 @@ def create_training_set_view(spark: SparkSession, cfg: ErgConfig) -> str:
 
 
 def ensure_table(spark: SparkSession, cfg: ErgConfig, table: str) -> str:
-    from delta.tables import DeltaTable
-
     spec = TABLES[table]
     name = table_name(cfg, table)
     columns = ", ".join(f"`{f.name}` {f.dataType.simpleString()}{'' if f.nullable else ' NOT NULL'}"
                         for f in spec.schema.fields)
     location = table_location(cfg, table)
     where = f" LOCATION '{location}'" if location else ""
-    if location and not spark.catalog.tableExists(name) and DeltaTable.isDeltaTable(spark, location):
+    if location and not spark.catalog.tableExists(name) and is_delta_table(spark, location):
         # a table written by an earlier session (or an older version, which may lack a column): register it as it
         # is (CREATE with the new schema would raise on the mismatch), then add the missing columns below
         spark.sql(f"CREATE TABLE IF NOT EXISTS {name} USING DELTA LOCATION '{location}'")
@@ -181,36 +180,48 @@ def conform(df: DataFrame, table: str) -> DataFrame:
 
 def merge_rows(spark: SparkSession, cfg: ErgConfig, table: str, df: DataFrame, *, update_existing: bool = False,
                fill_nulls: tuple[str, ...] = ()) -> dict:
-    """MERGE ``df`` into ``table`` on its natural key; returns {"inserted": n, "updated": n, "source_rows": n}.
+    """MERGE ``df`` into ``table`` on its natural key; returns {"inserted": n, "updated": n}.
 
     Source rows are de-duplicated on the key first (MERGE forbids two source rows matching one target row).
     With ``update_existing`` False an existing key is left untouched, so re-ingesting keeps the first ingest;
     ``fill_nulls`` columns of an existing row that are NULL are filled from the source (e.g. an image's tags
     arriving from a later source), and only such rows are rewritten.
-    """
-    from delta.tables import DeltaTable
 
+    The MERGE is SQL over a temporary view of the source, so it runs the same on a classic session and on Spark
+    Connect (where the Python ``DeltaTable`` API needs Delta Connect on the server); its counts are the ones the
+    MERGE statement returns.
+    """
     spec = TABLES[table]
     source = conform(df, table).dropDuplicates(list(spec.keys))
-    target = DeltaTable.forName(spark, table_name(cfg, table))
-    version_before = target.history(1).select("version").collect()[0][0]
+    view = f"erg_merge_source_{table}_{uuid.uuid4().hex[:12]}"
     condition = " AND ".join(f"t.`{k}` = s.`{k}`" for k in spec.keys)
-    merge = target.alias("t").merge(source.alias("s"), condition)
+    clauses = []
     if update_existing:
-        merge = merge.whenMatchedUpdateAll()
+        clauses.append("WHEN MATCHED THEN UPDATE SET *")
     elif fill_nulls:
         missing = " OR ".join(f"(t.`{c}` IS NULL AND s.`{c}` IS NOT NULL)" for c in fill_nulls)
-        merge = merge.whenMatchedUpdate(condition=missing, set={c: f"coalesce(t.`{c}`, s.`{c}`)" for c in fill_nulls})
-    merge.whenNotMatchedInsertAll().execute()
-    version, metrics = target.history(1).select("version", "operationMetrics").collect()[0]
-    if version == version_before:  # nothing was written: no new commit
-        metrics = {}
-    metrics = metrics or {}
-    return {
-        "inserted": int(metrics.get("numTargetRowsInserted", 0)),
-        "updated": int(metrics.get("numTargetRowsUpdated", 0)),
-        "source_rows": int(metrics.get("numSourceRows", 0)),
-    }
+        fills = ", ".join(f"t.`{c}` = coalesce(t.`{c}`, s.`{c}`)" for c in fill_nulls)
+        clauses.append(f"WHEN MATCHED AND ({missing}) THEN UPDATE SET {fills}")
+    clauses.append("WHEN NOT MATCHED THEN INSERT *")
+    source.createOrReplaceTempView(view)
+    try:
+        result = spark.sql(f"MERGE INTO {table_name(cfg, table)} t USING {view} s ON {condition} "
+                           + " ".join(clauses)).collect()
+    finally:
+        spark.catalog.dropTempView(view)
+    metrics = result[0].asDict() if result else {}
+    return {"inserted": int(metrics.get("num_inserted_rows") or 0),
+            "updated": int(metrics.get("num_updated_rows") or 0)}
+
+
+def is_delta_table(spark: SparkSession, location: str) -> bool:
+    """Whether ``location`` holds a Delta table (False for an absent or non-Delta folder), by SQL, so that it
+    also answers on Spark Connect."""
+    try:
+        rows = spark.sql(f"DESCRIBE DETAIL delta.`{location}`").select("format").collect()
+    except Exception:  # noqa: BLE001 - AnalysisException (classic or Connect): absent, or not Delta
+        return False
+    return bool(rows) and rows[0]["format"] == "delta"
 
 
 def read_table(spark: SparkSession, cfg: ErgConfig, table: str) -> DataFrame:
