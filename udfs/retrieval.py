@@ -20,8 +20,11 @@ and Fig. 3 view (factual caption -> retrieved stylized caption).
 """
 from __future__ import annotations
 
+import os
+import pickle
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
@@ -145,6 +148,31 @@ class ScenePayload:
         """Bytes of the serialized indexes."""
         return sum(len(blob) for blob in self.blobs.values())
 
+    def save(self, path: str | Path) -> "ScenePayloadFile":
+        """Write the payload to ``path`` (a folder every executor reads: the table storage or a Volume), for a
+        session with no broadcast variables (Spark Connect); returns the handle the UDF is given instead."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(path.name + ".partial")
+        with open(partial, "wb") as out:
+            pickle.dump({"blobs": self.blobs, "scene_images": self.scene_images}, out,
+                        protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(partial, path)  # a reader never sees half a file
+        return ScenePayloadFile(str(path))
+
+
+@dataclass(frozen=True)
+class ScenePayloadFile:
+    """A :class:`ScenePayload` written by :meth:`ScenePayload.save`: ``.value`` reads it, as a broadcast's does."""
+
+    path: str
+
+    @property
+    def value(self) -> ScenePayload:
+        with open(self.path, "rb") as source:
+            data = pickle.load(source)
+        return ScenePayload(data["blobs"], data["scene_images"])
+
 
 def drop_same_image_hits(hits: pd.DataFrame, scene_images: Mapping[str, str], top_k: int) -> pd.DataFrame:
     """Drop hits whose scene shows the query's own image, re-rank each query's hits from 1, keep ``top_k``.
@@ -213,15 +241,17 @@ def search_queries(
 def retrieval_partitions(payload: Any, plan: RetrievalPlan) -> Callable[[Iterator[pd.DataFrame]], Iterator[pd.DataFrame]]:
     """The ``mapInPandas`` function: :data:`QUERY_COLUMNS` batches -> :data:`HIT_SCHEMA` rows.
 
-    ``payload`` is the Spark broadcast of a :class:`ScenePayload`; its indexes are deserialized once per Python
-    worker and broadcast (cached under a key drawn here on the driver, one per broadcast use), not once per task
-    or batch.
+    ``payload`` is the Spark broadcast of a :class:`ScenePayload`, or a :class:`ScenePayloadFile` where the session
+    has no broadcast variables (Spark Connect); the payload is read and its indexes deserialized once per Python
+    worker and payload (cached under a key drawn here on the driver, one per use), not once per task or batch; a
+    worker keeps only the latest payload's indexes.
     """
     key = ("scene_indexes", uuid.uuid4().hex, plan.use_gpu, plan.gpu_fallback)
 
     def run(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-        value: ScenePayload = payload.value
-        indexes = cached_model(key, lambda: value.indexes(use_gpu=plan.use_gpu, gpu_fallback=plan.gpu_fallback))
+        value: ScenePayload = cached_model(("scene_payload", *key[1:]), lambda: payload.value, latest_only=True)
+        indexes = cached_model(key, lambda: value.indexes(use_gpu=plan.use_gpu, gpu_fallback=plan.gpu_fallback),
+                               latest_only=True)
         for frame in frames:
             yield search_queries(frame, indexes, value.scene_images, plan)
 

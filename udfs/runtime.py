@@ -55,10 +55,17 @@ def task_device(preferred: str = "auto") -> str:
     return str(pick_device(preferred))
 
 
-def cached_model(key: tuple, loader: Callable[[], T]) -> T:
-    """The model for ``key`` in this process, loaded by ``loader`` on first use."""
+def cached_model(key: tuple, loader: Callable[[], T], *, latest_only: bool = False) -> T:
+    """The model for ``key`` in this process, loaded by ``loader`` on first use.
+
+    ``latest_only``: keep one entry of this kind (``key[0]``): loading a new key drops the others of its kind, e.g.
+    the scene indexes of an earlier retrieval in a reused Python worker.
+    """
     with _LOCK:
         if key not in _MODELS:
+            if latest_only:
+                for old in [k for k in _MODELS if k[0] == key[0]]:
+                    del _MODELS[old]
             _MODELS[key] = loader()
         return _MODELS[key]
 
