@@ -30,6 +30,8 @@ class _Section(BaseModel):
 
 class SparkConf(_Section):
     master: str = Field("local[*]", description="Spark master for local runs, e.g. local[*] or local[2]")
+    remote: Optional[str] = Field(None, description="a Spark Connect server to run against, e.g. "
+                                  "sc://localhost:15002 (null = a classic session: local[*] or the cluster's own)")
     app_name: str = "erg"
     jars_dir: str = Field("~/.cache/erg/jars/delta-4.4.0", description="folder Maven resolves Delta's jars into")
     shuffle_partitions: Optional[int] = Field(8, ge=1, description="spark.sql.shuffle.partitions; null leaves the "
@@ -220,6 +222,12 @@ class RetrieveConf(_Section):
     examples_to_log: int = Field(8, ge=0)
     partitions: Optional[int] = Field(None, ge=1, description="tasks the factual queries are searched in "
                                       "(null = spark.sql.shuffle.partitions)")
+    index_transport: Literal["auto", "broadcast", "file"] = Field(
+        "auto", description="how the scene indexes reach the executors: a broadcast variable, or a file under "
+        "index_dir loaded once per Python worker (auto: broadcast where the session has a SparkContext, a file on "
+        "Spark Connect, which has none)")
+    index_dir: Optional[str] = Field(None, description="folder for the index file, readable by every executor, e.g. "
+                                     "a Volume (null = <home>/scene_indexes)")
 
 
 class EmbedConf(_Section):

@@ -1,15 +1,16 @@
 """``erg retrieve``: factual captions and images -> similar stylized scenes, into ``retrievals`` (ERG step 2).
 
-On the driver: the vectors of the stylized scenes of the train split (val/test scenes are never retrieval
-targets; how many were left out is logged as ``scenes.non_train_excluded``) under the encoder's version (from ``embeddings``, written by
-``erg embed``) are collected into two Faiss indexes (:mod:`models.scene_index`): a ``text`` index of the stylized
-captions and an ``image`` index of each scene's image, both under scene ids (only those the configured types
-search). The index type comes from ``retrieve.index`` (``auto``: exact flat inner product up to
-``exact_max_items`` scenes, IVF beyond). Both are serialized and broadcast once; the factual queries (each factual
-caption with its caption vector and its image's vector) are partitioned by image and searched in ``mapInPandas``
-(:func:`udfs.retrieval.retrieval_partitions`) for every type of ``retrieve.types`` (i2i, i2t, t2i, t2t), keeping
-the ``top_k`` hits with similarity > ``min_similarity`` and, with ``exclude_same_image``, none that shows the
-query's own image. The hits are MERGEd into ``retrievals`` on its key (a rerun adds nothing).
+On the driver: the vectors of the stylized scenes of the train split (val/test scenes are never retrieval targets;
+how many were left out is logged as ``scenes.non_train_excluded``) under the encoder's version (from ``embeddings``,
+written by ``erg embed``) are collected into two Faiss indexes (:mod:`models.scene_index`): a ``text`` index of the
+stylized captions and an ``image`` index of each scene's image, both under scene ids (only those the configured types
+search). The index type comes from ``retrieve.index`` (``auto``: exact flat inner product up to ``exact_max_items``
+scenes, IVF beyond). Both are serialized and broadcast once (on Spark Connect, which has no broadcast variables,
+written once as a file under ``retrieve.index_dir`` instead: ``retrieve.index_transport``); the factual queries (each
+factual caption with its caption vector and its image's vector) are partitioned by image and searched in
+``mapInPandas`` (:func:`udfs.retrieval.retrieval_partitions`) for every type of ``retrieve.types`` (i2i, i2t, t2i,
+t2t), keeping the ``top_k`` hits with similarity > ``min_similarity`` and, with ``exclude_same_image``, none that
+shows the query's own image. The hits are MERGEd into ``retrievals`` on its key (a rerun adds nothing).
 
 Logged to MLflow: the leakage counts of :func:`jobs.leakage.leakage_counts` (all 0 on a clean pipeline); the
 index type, size and build time per modality; ``index.faiss_gpu_fallback`` (1 when ``retrieve.index.use_gpu`` asked
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -33,6 +35,7 @@ from jobs.config import ErgConfig, IndexConf
 from jobs.embed import encoder_spec
 from jobs.errors import UserError
 from jobs.leakage import leakage_counts
+from jobs.spark import has_spark_context
 from jobs.tables import merge_rows, read_table
 from jobs.tracking import job_run, log_counts
 from models.scene_index import SceneIndex, build_scene_index, faiss_gpu_fallback_reason, retrieval_modalities
@@ -103,6 +106,19 @@ def faiss_gpu_fallbacks(index_types: dict[str, str], conf: IndexConf) -> dict[st
         logger.warning("retrieve.index.use_gpu is true, but the %s scene index searches on CPU "
                        "(metric index.faiss_gpu_fallback = 1): %s", modality, reason)
     return fallbacks
+
+
+def index_transport(spark: SparkSession, conf) -> str:
+    """``broadcast`` or ``file``: how the scene indexes reach the executors (``retrieve.index_transport``; ``auto``
+    broadcasts where the session has a SparkContext and writes a file on Spark Connect, which has none)."""
+    if conf.index_transport == "broadcast" and not has_spark_context(spark):
+        raise UserError("retrieve.index_transport is broadcast, but this session (Spark Connect) has no SparkContext "
+                        "and so no broadcast variables",
+                        "set retrieve.index_transport=file (or auto), with retrieve.index_dir on storage every "
+                        "executor reads, e.g. a Volume")
+    if conf.index_transport == "auto":
+        return "broadcast" if has_spark_context(spark) else "file"
+    return conf.index_transport
 
 
 def factual_queries(
@@ -213,7 +229,12 @@ def retrieve(spark: SparkSession, cfg: ErgConfig, query_filter: DataFrame | None
         counts["index.broadcast_bytes"] = payload.size_bytes
         plan = RetrievalPlan(tuple(conf.types), conf.top_k, conf.min_similarity, conf.exclude_same_image,
                              exclusion_margin(scene_image_map), conf.index.use_gpu, conf.index.gpu_fallback)
-        broadcast = spark.sparkContext.broadcast(payload)
+        transport = index_transport(spark, conf)
+        counts["index.transport_file"] = float(transport == "file")
+        if transport == "broadcast":
+            shipped = spark.sparkContext.broadcast(payload)
+        else:
+            shipped = payload.save(Path(conf.index_dir or Path(cfg.home) / "scene_indexes") / f"{run.info.run_id}.pkl")
 
         modalities = query_modalities(conf.types)
         queries = factual_queries(spark, cfg, vectors, modalities, query_filter)
@@ -226,7 +247,7 @@ def retrieve(spark: SparkSession, cfg: ErgConfig, query_filter: DataFrame | None
         partitioned = (queries.repartition(conf.partitions, "query_image_id") if conf.partitions
                        else queries.repartition("query_image_id"))
         hits = (partitioned.sortWithinPartitions("query_image_id")
-                .mapInPandas(retrieval_partitions(broadcast, plan), HIT_SCHEMA)
+                .mapInPandas(retrieval_partitions(shipped, plan), HIT_SCHEMA)
                 .persist(StorageLevel.MEMORY_AND_DISK))
         try:
             per_type, per_type_style = _table5_inputs(hits, stylized)
@@ -240,7 +261,10 @@ def retrieve(spark: SparkSession, cfg: ErgConfig, query_filter: DataFrame | None
             examples = _examples(hits, spark, cfg, conf.examples_to_log) if conf.examples_to_log else []
         finally:
             hits.unpersist()
-            broadcast.destroy()
+            if transport == "broadcast":
+                shipped.destroy()
+            else:
+                Path(shipped.path).unlink(missing_ok=True)
         counts.update(table5_metrics(table))
         counts.update(leakage_counts(spark, cfg))
         log_counts(counts)

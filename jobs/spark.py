@@ -4,6 +4,9 @@ Locally, Delta's jars are resolved once through Maven (:mod:`jobs.spark_jars`) a
 session catalog is in memory, and :func:`jobs.tables.register_tables` maps every ``erg.<table>`` name onto its
 Delta folder, so tables are addressable by name in every new process with no metastore service to run.
 On Databricks (``platform: databricks``) the running session is reused and names are Unity Catalog names.
+With ``spark.remote`` (``sc://host:port``) the jobs run against a Spark Connect server instead, as on Databricks
+serverless and standard-access clusters: there is no SparkContext there, so nothing here may need one
+(:func:`has_spark_context`, :func:`default_parallelism`); :mod:`jobs.connect_server` starts a local server.
 """
 from __future__ import annotations
 
@@ -25,9 +28,24 @@ def get_spark(cfg: ErgConfig):
 
     if cfg.platform == "databricks":
         return _prepared(SparkSession.getActiveSession() or SparkSession.builder.getOrCreate(), cfg)
+    if cfg.spark.remote:
+        # the server holds Delta's jars and extensions (jobs.connect_server); this process only speaks gRPC
+        return _prepared(SparkSession.builder.remote(cfg.spark.remote).getOrCreate(), cfg)
     active = SparkSession.getActiveSession()
     if active is not None:
         return _prepared(active, cfg)
+    builder = SparkSession.builder.master(cfg.spark.master)
+    for key, value in session_settings(cfg).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return _prepared(spark, cfg)
+
+
+def session_settings(cfg: ErgConfig) -> dict[str, str]:
+    """The settings of a local session (or of a local Spark Connect server, :mod:`jobs.connect_server`): Delta's
+    jars (resolved through Maven once) and extensions, the warehouse under ``home``, and ``spark.extra``. Sets the
+    environment its Python workers inherit (the interpreter that has torch/transformers, one torch thread each)."""
     jars = resolve_delta_jars(cfg.spark.jars_dir)
     # Executors (python workers) must run the interpreter that has torch/transformers installed.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -36,27 +54,50 @@ def get_spark(cfg: ErgConfig):
     os.environ.setdefault("ERG_TORCH_THREADS", "1")
     home = Path(cfg.home)
     home.mkdir(parents=True, exist_ok=True)
-    builder = (
-        SparkSession.builder.master(cfg.spark.master)
-        .appName(cfg.spark.app_name)
-        .config("spark.jars", ",".join(jars))
-        .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
-        .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
-        .config("spark.sql.warehouse.dir", str(Path(cfg.tables.location or home / "warehouse")))
-        .config("spark.driver.memory", cfg.spark.driver_memory)
-        .config("spark.driver.extraJavaOptions", f"-Dderby.system.home={home}")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", str(cfg.spark.show_progress).lower())
-        .config("spark.databricks.delta.schema.autoMerge.enabled", "false")
-        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-        .config("spark.python.worker.reuse", "true")
-    )
-    for key, value in cfg.spark.extra.items():
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
-    return _prepared(spark, cfg)
+    settings = {
+        "spark.app.name": cfg.spark.app_name,
+        "spark.jars": ",".join(jars),
+        "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+        "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+        "spark.sql.warehouse.dir": str(Path(cfg.tables.location or home / "warehouse")),
+        "spark.driver.memory": cfg.spark.driver_memory,
+        "spark.driver.extraJavaOptions": f"-Dderby.system.home={home}",
+        "spark.sql.session.timeZone": "UTC",
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": str(cfg.spark.show_progress).lower(),
+        "spark.databricks.delta.schema.autoMerge.enabled": "false",
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+        "spark.python.worker.reuse": "true",
+    }
+    settings.update(cfg.spark.extra)
+    return settings
+
+
+def is_connect(spark) -> bool:
+    """Whether ``spark`` is a Spark Connect session (a gRPC client: no SparkContext, no broadcast variables)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def has_spark_context(spark) -> bool:
+    """Whether ``spark.sparkContext`` exists (a classic session, not Spark Connect)."""
+    return not is_connect(spark)
+
+
+def default_parallelism(spark) -> int:
+    """The task slots to size a job's partitions by: the SparkContext's default parallelism, or on Spark Connect
+    ``spark.default.parallelism`` where the server sets it, else its ``spark.sql.shuffle.partitions``."""
+    if has_spark_context(spark):
+        return int(spark.sparkContext.defaultParallelism)
+    for key in ("spark.default.parallelism", "spark.sql.shuffle.partitions"):
+        value = spark.conf.get(key, None)
+        if value:
+            return max(1, int(value))
+    return 1
+
+
+def session_key(spark) -> str:
+    """An id of the session's application (classic) or Connect session."""
+    return spark.session_id if is_connect(spark) else spark.sparkContext.applicationId
 
 
 _REGISTERED: set[tuple[str, str, str | None]] = set()
@@ -69,7 +110,7 @@ def _prepared(spark, cfg: ErgConfig):
     if cfg.spark.shuffle_partitions is not None:
         spark.conf.set("spark.sql.shuffle.partitions", str(cfg.spark.shuffle_partitions))
     spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", str(cfg.spark.arrow_max_records_per_batch))
-    key = (spark.sparkContext.applicationId, f"{cfg.tables.catalog}.{cfg.tables.schema_name}", cfg.tables.location)
+    key = (session_key(spark), f"{cfg.tables.catalog}.{cfg.tables.schema_name}", cfg.tables.location)
     if key not in _REGISTERED:
         register_tables(spark, cfg)
         _REGISTERED.add(key)
