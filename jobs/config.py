@@ -164,6 +164,9 @@ class EvaluationClassifierConf(_Section):
     max_train_captions: Optional[int] = Field(None, ge=10, description="cap on each style's positive training "
                                               "captions (as many factual ones are drawn); null = all")
     heldout_fraction: float = Field(0.1, gt=0, lt=1, description="share of factual images held out for accuracy")
+    max_factual_captions: int = Field(200_000, ge=100, description="factual captions of P (beyond those of the "
+                                      "stylized images) read to the driver for the factual class: the same "
+                                      "captions by a hash, so the driver never holds the whole corpus")
     seed: int = 29
 
 

@@ -95,7 +95,13 @@ def factual_pool(stylized: pd.DataFrame, factual: pd.DataFrame, heldout_fraction
 
 def read_factual_for_classifiers(spark: SparkSession, cfg: ErgConfig) -> pd.DataFrame:
     """``image_id, caption``: the factual corpus P plus the scene descriptions of stylized images (e.g. FlickrStyle's
-    Flickr30K captions), so that "factual" is not learnable as "another image source"."""
+    Flickr30K captions), so that "factual" is not learnable as "another image source".
+
+    Bounded whatever the size of P: every factual caption of a stylized image (phrase quality scores against those),
+    and of the others at most ``extract.evaluation.max_factual_captions``, the same ones in every run (the lowest
+    hash of image and caption), chosen by Spark. ``factual_captions_sampled`` in the frame's ``attrs`` says whether
+    the cap cut P.
+    """
     from jobs import tables
 
     parts = [read_table(spark, cfg, "factual_captions").select("image_id", "caption")]
@@ -105,7 +111,19 @@ def read_factual_for_classifiers(spark: SparkSession, cfg: ErgConfig) -> pd.Data
     frame = parts[0]
     for part in parts[1:]:
         frame = frame.unionByName(part)
-    return frame.toPandas().sort_values(["image_id", "caption"], kind="stable").reset_index(drop=True)
+    stylized_images = read_table(spark, cfg, "stylized_captions").select("image_id").distinct()
+    own = frame.join(stylized_images, "image_id", "left_semi").withColumn("_hash", F.lit(None).cast("long"))
+    cap = cfg.extract.evaluation.max_factual_captions
+    rest = (frame.join(stylized_images, "image_id", "left_anti").withColumn("_hash", F.xxhash64("image_id", "caption"))
+            .orderBy("_hash", "image_id", "caption").limit(cap + 1))
+    rows = own.unionByName(rest).toPandas()
+    others = rows[rows["_hash"].notna()].sort_values(["_hash", "image_id", "caption"], kind="stable")
+    sampled = len(others) > cap
+    if sampled:  # one more than the cap was read to know that P was cut: drop it (the highest hash)
+        rows = rows.drop(index=others.index[-1])
+    out = rows.drop(columns="_hash").sort_values(["image_id", "caption"], kind="stable").reset_index(drop=True)
+    out.attrs["factual_captions_sampled"] = sampled
+    return out
 
 
 # ------------------------------------------------------------------------------------------------------- fit
@@ -340,6 +358,7 @@ def extract(spark: SparkSession, cfg: ErgConfig, *, incremental: bool = False) -
                 counts.update(metrics)
         if evaluation is None:
             factual = read_factual_for_classifiers(spark, cfg)
+            counts["evaluation_classifier.factual_captions_sampled"] = float(factual.attrs["factual_captions_sampled"])
             evaluation, metrics = fit_evaluation_classifiers(cfg, stylized, factual, run_id)
             counts.update(metrics)
         mlflow.set_tags({**{f"erg.classifier_version.{name}": r["version"] for name, r in extractors.items()},

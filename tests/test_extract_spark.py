@@ -114,3 +114,38 @@ def test_extract_writes_style_phrases_and_reruns_incrementally(spark, fresh_cfg)
     assert again["scenes_to_extract"] == 0 and again["classifier_versions"] == result["classifier_versions"]
     assert again["evaluation_classifiers_version"] == result["run_id"]
     assert spark.table(table_name(cfg, "style_phrases")).count() == n_scenes
+
+
+def test_factual_captions_for_the_classifiers_are_bounded_and_keep_the_stylized_images(spark, fresh_cfg):
+    import pandas as pd
+
+    from jobs.extract import read_factual_for_classifiers
+    from tests.planted_tables import append_rows
+
+    from jobs.config import load_config
+
+    def capped(cap: int):
+        return load_config("test", [f"tables.schema={fresh_cfg.tables.schema_name}",
+                                    f"extract.evaluation.max_factual_captions={cap}"])
+
+    cfg = capped(100)
+    get_spark(cfg)
+    stylized = _stylized_frame()
+    planted = {"source": "planted", "ingest_time": pd.Timestamp("2026-01-01")}
+    append_rows(spark, cfg, "stylized_captions", stylized.assign(**planted))
+    # P: 150 captions of 50 other images, and 2 factual captions of each of the first 5 stylized images
+    p = pd.DataFrame({"caption_id": [f"c{i}" for i in range(150)], "image_id": [f"p{i % 50}" for i in range(150)],
+                      "caption": [f"a factual caption {i}" for i in range(150)]})
+    own = pd.DataFrame({"caption_id": [f"o{i}" for i in range(10)], "image_id": [f"i{i % 5}" for i in range(10)],
+                        "caption": [f"the scene of image {i % 5}, take {i}" for i in range(10)]})
+    append_rows(spark, cfg, "factual_captions", pd.concat([p, own], ignore_index=True).assign(**planted))
+
+    first = read_factual_for_classifiers(spark, cfg)
+    assert first.attrs["factual_captions_sampled"] is True
+    assert set(own["caption"]) <= set(first["caption"])  # every caption of a stylized image is kept
+    assert (~first["image_id"].str.startswith("i")).sum() == 100  # of P's other 150, the cap
+    again = read_factual_for_classifiers(spark, cfg)
+    pd.testing.assert_frame_equal(first, again)  # the same captions in every run
+
+    whole = read_factual_for_classifiers(spark, capped(1000))
+    assert whole.attrs["factual_captions_sampled"] is False and len(whole) == 160
