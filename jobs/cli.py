@@ -71,7 +71,7 @@ def cmd_retrieve(cfg, args) -> dict:
     from jobs.retrieve import retrieve
     from jobs.spark import get_spark
 
-    return retrieve(get_spark(cfg), cfg)
+    return retrieve(get_spark(cfg), cfg, incremental=args.incremental)
 
 
 def cmd_generate(cfg, args) -> dict:
@@ -173,7 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("run_ids", nargs="*", metavar="RUN_ID", help="runs to compare (default: a job's last runs)")
             p.add_argument("--job", help="compare this job's last runs (tag erg.job; default: the newest run's job)")
             p.add_argument("--last", type=int, default=2, help="how many of the job's last runs to compare")
-        if name in ("run", "extract", "generate"):
+        if name in ("run", "extract", "retrieve", "generate"):
             p.add_argument("--incremental", action="store_true", help="process only new stylized/factual rows")
     return parser
 

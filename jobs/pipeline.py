@@ -8,10 +8,8 @@ from pyspark.sql import SparkSession
 
 from jobs.config import ErgConfig
 from jobs.tracking import configure_mlflow, log_counts
-from jobs.watermarks import new_rows_since, record
 
 STAGES = ("ingest", "extract", "embed", "retrieve", "generate")
-RETRIEVE_INPUTS = ["embeddings"]
 
 
 def run_pipeline(spark: SparkSession, cfg: ErgConfig, *, incremental: bool = False) -> dict:
@@ -24,21 +22,12 @@ def run_pipeline(spark: SparkSession, cfg: ErgConfig, *, incremental: bool = Fal
     from jobs.ingest import ingest
     from jobs.retrieve import retrieve
 
-    def retrieve_stage() -> dict:
-        # the index is rebuilt and every query searched again only when embeddings changed since the last retrieval
-        if incremental:
-            new = new_rows_since(spark, cfg, "retrieve", RETRIEVE_INPUTS)
-            if new is not None and not any(new.values()):
-                return {"skipped": "no new embeddings since the last retrieval", "new_rows": new}
-        result = retrieve(spark, cfg)
-        record(spark, cfg, "retrieve", RETRIEVE_INPUTS)
-        return result
-
     stage_fns = {
         "ingest": lambda: ingest(spark, cfg),
         "extract": lambda: extract(spark, cfg, incremental=incremental),
         "embed": lambda: embed(spark, cfg),
-        "retrieve": retrieve_stage,
+        # incremental: only what embeddings gained since the last retrieval is searched (jobs.retrieve)
+        "retrieve": lambda: retrieve(spark, cfg, incremental=incremental),
         "generate": lambda: generate_augmented(spark, cfg, incremental=incremental),
     }
     console = Console(stderr=True)

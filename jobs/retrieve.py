@@ -10,7 +10,11 @@ written once as a file under ``retrieve.index_dir`` instead: ``retrieve.index_tr
 factual caption with its caption vector and its image's vector) are partitioned by image and searched in
 ``mapInPandas`` (:func:`udfs.retrieval.retrieval_partitions`) for every type of ``retrieve.types`` (i2i, i2t, t2i,
 t2t), keeping the ``top_k`` hits with similarity > ``min_similarity`` and, with ``exclude_same_image``, none that
-shows the query's own image. The hits are MERGEd into ``retrievals`` on its key (a rerun adds nothing).
+shows the query's own image. The hits replace the searched queries' rows of ``retrievals`` in one MERGE on its key
+(new hits inserted, moved ones re-ranked, those no longer hits deleted: a rerun changes nothing). Incremental
+(``erg retrieve --incremental``, ``erg run --incremental``): only what ``embeddings`` gained since the last
+retrieval is searched; new factual queries against the full index, every other query against an index of the new
+scenes alone, whose hits are merged into the kept top-k (:func:`merged_top_k`).
 
 Logged to MLflow: the leakage counts of :func:`jobs.leakage.leakage_counts` (all 0 on a clean pipeline); the
 index type, size and build time per modality; ``index.faiss_gpu_fallback`` (1 when ``retrieve.index.use_gpu`` asked
@@ -23,12 +27,15 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Window
 from pyspark.sql import functions as F
 
 from jobs.config import ErgConfig, IndexConf
@@ -36,8 +43,10 @@ from jobs.embed import encoder_spec
 from jobs.errors import UserError
 from jobs.leakage import leakage_counts
 from jobs.spark import has_spark_context
-from jobs.tables import merge_rows, read_table
+from jobs.tables import apply_changes, read_table, table_name
 from jobs.tracking import job_run, log_counts
+from jobs.watermarks import record_version as record_watermark
+from jobs.watermarks import table_version, watermark_version
 from models.scene_index import SceneIndex, build_scene_index, faiss_gpu_fallback_reason, retrieval_modalities
 from udfs.embedding import encoder_identity
 from udfs.retrieval import (
@@ -185,22 +194,134 @@ def _examples(hits: DataFrame, spark: SparkSession, cfg: ErgConfig, count: int) 
     return retrieval_examples(rows)
 
 
-def retrieve(spark: SparkSession, cfg: ErgConfig, query_filter: DataFrame | None = None) -> dict:
+@contextmanager
+def shipped_scene_indexes(spark: SparkSession, cfg: ErgConfig, payload: ScenePayload, name: str):
+    """The payload as the executors get it (a broadcast, or a file on Spark Connect: :func:`index_transport`),
+    destroyed or removed when the block ends."""
+    conf = cfg.retrieve
+    if index_transport(spark, conf) == "broadcast":
+        shipped = spark.sparkContext.broadcast(payload)
+        try:
+            yield shipped
+        finally:
+            shipped.destroy()
+    else:
+        shipped = payload.save(Path(conf.index_dir or Path(cfg.home) / "scene_indexes") / f"{name}.pkl")
+        try:
+            yield shipped
+        finally:
+            Path(shipped.path).unlink(missing_ok=True)
+
+
+def scene_indexes(scenes: pd.DataFrame, targets: list[str], conf: IndexConf, counts: dict, prefix: str = "index",
+                  ) -> dict[str, SceneIndex]:
+    """The index of each target modality over the scenes that have its vector (counted under ``prefix``)."""
+    indexes: dict[str, SceneIndex] = {}
+    for modality in targets:
+        present = scenes[scenes[f"{modality}_vector"].notna()]
+        counts[f"scenes_without_vector.{modality}" if prefix == "index" else f"{prefix}.{modality}.without_vector"] = \
+            len(scenes) - len(present)
+        if present.empty:
+            continue
+        started = time.perf_counter()
+        indexes[modality] = build_index(present["scene_id"].tolist(), present[f"{modality}_vector"], conf)
+        counts[f"{prefix}.{modality}.build_seconds"] = time.perf_counter() - started
+        counts[f"{prefix}.{modality}.size"] = len(indexes[modality])
+    return indexes
+
+
+def search_hits(spark: SparkSession, cfg: ErgConfig, queries: DataFrame, shipped, plan: RetrievalPlan) -> DataFrame:
+    """The hits of ``queries`` against the shipped indexes (lazy; :data:`udfs.retrieval.HIT_SCHEMA`)."""
+    conf = cfg.retrieve
+    partitioned = (queries.repartition(conf.partitions, "query_image_id") if conf.partitions
+                   else queries.repartition("query_image_id"))
+    return (partitioned.sortWithinPartitions("query_image_id")
+            .mapInPandas(retrieval_partitions(shipped, plan), HIT_SCHEMA))
+
+
+def new_since(spark: SparkSession, cfg: ErgConfig, version: int, encoder_version: str) -> dict[str, DataFrame]:
+    """What ``embeddings`` gained after ``version`` under the encoder (its Change Data Feed): the ids of new factual
+    caption vectors (``factual``), scene caption vectors (``scene``) and image vectors (``image``)."""
+    changes = (spark.read.format("delta").option("readChangeFeed", "true").option("startingVersion", version + 1)
+               .table(table_name(cfg, "embeddings"))
+               .where(F.col("_change_type").isin("insert", "update_postimage"))
+               .where(F.col("encoder_version") == encoder_version))
+    return {kind: changes.where(F.col("item_kind") == kind).select(F.col("item_id").alias("id")).distinct()
+            for kind in ("factual", "scene", "image")}
+
+
+def split_new(stylized: DataFrame, factual: DataFrame, new: dict[str, DataFrame]) -> tuple[DataFrame, DataFrame]:
+    """(new train scenes, new factual queries): a scene or query is new when its caption's vector or its image's
+    vector arrived since the watermark. Both have one column, ``scene_id`` / ``caption_id``."""
+    scenes = (stylized.join(new["scene"].withColumnRenamed("id", "scene_id"), "scene_id", "left_semi").select("scene_id")
+              .unionByName(stylized.join(new["image"].withColumnRenamed("id", "image_id"), "image_id", "left_semi")
+                           .select("scene_id")).distinct())
+    queries = (factual.join(new["factual"].withColumnRenamed("id", "caption_id"), "caption_id", "left_semi")
+               .select("caption_id")
+               .unionByName(factual.join(new["image"].withColumnRenamed("id", "image_id"), "image_id", "left_semi")
+                            .select("caption_id")).distinct())
+    return scenes, queries
+
+
+def merged_top_k(kept: DataFrame, found: DataFrame, top_k: int) -> DataFrame:
+    """Rows to apply to ``retrievals`` where new scenes were found for old queries: for every (query, type) with a
+    new hit, the top ``top_k`` of its kept hits and the new ones by similarity, ranks rewritten from 1
+    (``_action`` = upsert), and its kept hits that fell out (``_action`` = delete). Columns of ``kept``."""
+    groups = found.select("query_id", "retrieval_type", "encoder_version").distinct()
+    old = kept.join(groups, ["query_id", "retrieval_type", "encoder_version"], "left_semi")
+    both = old.unionByName(found.select(*kept.columns)).dropDuplicates(
+        ["query_id", "scene_id", "retrieval_type", "encoder_version"])
+    order = Window.partitionBy("query_id", "retrieval_type", "encoder_version").orderBy(
+        F.desc("similarity"), "scene_id")
+    ranked = both.withColumn("rank", F.row_number().over(order).cast("int"))
+    return ranked.withColumn("_action", F.when(F.col("rank") <= top_k, F.lit("upsert")).otherwise(F.lit("delete")))
+
+
+def replace_hits(spark: SparkSession, cfg: ErgConfig, hits: DataFrame, searched: DataFrame,
+                 encoder_version: str) -> dict:
+    """Make ``hits`` the rows of the queries in ``searched`` (``query_id``) for the configured types: new hits
+    inserted, moved ones re-ranked, and their rows that are no longer hits deleted (a stale rank never stays);
+    one MERGE, so a rerun changes nothing."""
+    kept = (read_table(spark, cfg, "retrievals").where(F.col("encoder_version") == encoder_version)
+            .where(F.col("retrieval_type").isin(list(cfg.retrieve.types)))
+            .join(searched.select("query_id"), "query_id", "left_semi"))
+    key = ["query_id", "scene_id", "retrieval_type", "encoder_version"]
+    gone = kept.join(hits.select(*key), key, "left_anti").withColumn("_action", F.lit("delete"))
+    changes = hits.withColumn("_action", F.lit("upsert")).unionByName(gone.select(*hits.columns, "_action"))
+    return apply_changes(spark, cfg, "retrievals", changes, compare=("rank", "similarity"))
+
+
+def retrieve(spark: SparkSession, cfg: ErgConfig, query_filter: DataFrame | None = None, *,
+             incremental: bool = False) -> dict:
     """Search the factual queries against the stylized scenes for every configured type; returns the logged counts.
 
     ``query_filter`` (a DataFrame with ``caption_id``) limits the factual captions searched; by default all are.
+    ``incremental`` (with a watermark of a finished retrieval; else the full search): only what ``embeddings``
+    gained since then is searched. New factual queries are searched against the full indexes; new train scenes are
+    indexed on their own, every other query is searched against that small index and its hits merged into the
+    kept top-k (ranks rewritten, hits pushed out deleted, in one MERGE); an unchanged (query, scene) pair is never
+    searched again. Nothing new: nothing is searched (``skipped`` says why).
+
     Counts: ``queries``, ``queries.<modality>`` (with a vector of it), ``scenes`` (train split),
     ``scenes.non_train_excluded``, ``leakage.*`` (:func:`jobs.leakage.leakage_counts`), ``index.<modality>.size``,
     per type ``<type>.queries``, ``<type>.queries_with_hit``, ``<type>.hits``, ``<type>.hits.<style>``,
-    ``<type>.mean_similarity``; ``retrievals.inserted``; ``index.faiss_gpu_fallback`` (:func:`faiss_gpu_fallbacks`);
-    ``encoder_version``, ``index_types`` and ``run_id``.
+    ``<type>.mean_similarity``; ``retrievals.inserted`` / ``.updated`` / ``.deleted``; ``index.faiss_gpu_fallback`` (:func:`faiss_gpu_fallbacks`);
+    ``index.transport_file``; incremental: ``incremental.new_queries``, ``incremental.new_scenes``,
+    ``incremental.new_scene_hits``, ``retrievals.<inserted|updated|deleted>_by_new_scenes``; ``encoder_version``,
+    ``index_types`` and ``run_id``.
     """
     import mlflow
 
     conf = cfg.retrieve
     identity = encoder_identity(encoder_spec(cfg))
+    since = watermark_version(cfg, "retrieve", "embeddings") if incremental else None
+    if incremental and since is not None and table_version(spark, cfg, "embeddings") <= since:
+        return {"skipped": "no new embeddings since the last retrieval", "encoder_version": identity.version}
     with job_run(cfg, "retrieve", sections=("retrieve",),
-                 params={"encoder_version": identity.version, "embed.encoder.kind": cfg.embed.encoder.kind}) as run:
+                 params={"encoder_version": identity.version, "embed.encoder.kind": cfg.embed.encoder.kind,
+                         "incremental": since is not None}) as run:
+        run_id = run.info.run_id
+        embeddings_version = table_version(spark, cfg, "embeddings")
         vectors = read_table(spark, cfg, "embeddings").where(F.col("encoder_version") == identity.version)
         all_scenes = read_table(spark, cfg, "stylized_captions")
         stylized = all_scenes.where(F.col("split") == "train").select("scene_id", "image_id", "style")
@@ -209,62 +330,60 @@ def retrieve(spark: SparkSession, cfg: ErgConfig, query_filter: DataFrame | None
         scene_image_map = dict(zip(scenes["scene_id"], scenes["image_id"]))
         counts: dict[str, float] = {"scenes": len(scenes),
                                     "scenes.non_train_excluded": all_scenes.count() - len(scenes)}
-        indexes: dict[str, SceneIndex] = {}
+        indexes = scene_indexes(scenes, targets, conf.index, counts)
         for modality in targets:
-            present = scenes[scenes[f"{modality}_vector"].notna()]
-            if present.empty:
+            if modality not in indexes:
                 raise ValueError(
                     f"no {modality} vectors of the stylized scenes under encoder version {identity.version}: "
                     f"run `erg embed` first with the same embed.encoder"
                 )
-            started = time.perf_counter()
-            indexes[modality] = build_index(present["scene_id"].tolist(), present[f"{modality}_vector"], conf.index)
-            counts[f"index.{modality}.build_seconds"] = time.perf_counter() - started
-            counts[f"index.{modality}.size"] = len(indexes[modality])
-            counts[f"scenes_without_vector.{modality}"] = len(scenes) - len(present)
         index_types = {m: index.index_type for m, index in indexes.items()}
         mlflow.log_params({f"index.{m}.type": t for m, t in index_types.items()})
         counts["index.faiss_gpu_fallback"] = float(bool(faiss_gpu_fallbacks(index_types, conf.index)))
         payload = ScenePayload.of(indexes, scene_image_map)
         counts["index.broadcast_bytes"] = payload.size_bytes
+        counts["index.transport_file"] = float(index_transport(spark, conf) == "file")
         plan = RetrievalPlan(tuple(conf.types), conf.top_k, conf.min_similarity, conf.exclude_same_image,
                              exclusion_margin(scene_image_map), conf.index.use_gpu, conf.index.gpu_fallback)
-        transport = index_transport(spark, conf)
-        counts["index.transport_file"] = float(transport == "file")
-        if transport == "broadcast":
-            shipped = spark.sparkContext.broadcast(payload)
-        else:
-            shipped = payload.save(Path(conf.index_dir or Path(cfg.home) / "scene_indexes") / f"{run.info.run_id}.pkl")
 
         modalities = query_modalities(conf.types)
+        factual = read_table(spark, cfg, "factual_captions").select("caption_id", "image_id")
+        new_scene_ids: list[str] = []
+        if since is not None:
+            if query_filter is not None:
+                raise ValueError("retrieve(incremental=True) searches what is new since its watermark: "
+                                 "give no query_filter")
+            new_scenes, query_filter = split_new(stylized, factual, new_since(spark, cfg, since, identity.version))
+            new_scene_ids = [r.scene_id for r in new_scenes.collect()]  # bounded by the stylized corpus
+            counts["incremental.new_scenes"] = len(new_scene_ids)
         queries = factual_queries(spark, cfg, vectors, modalities, query_filter)
         have = queries.agg(F.count(F.lit(1)).alias("queries"), F.count("text_vector").alias("text"),
                            F.count("image_vector").alias("image")).collect()[0]
         counts["queries"] = have["queries"]
+        if since is not None:
+            counts["incremental.new_queries"] = have["queries"]
         counts.update({f"queries.{m}": have[m] for m in modalities})
         queries_per_type = {t: have[retrieval_modalities(t).query] for t in conf.types}
 
-        partitioned = (queries.repartition(conf.partitions, "query_image_id") if conf.partitions
-                       else queries.repartition("query_image_id"))
-        hits = (partitioned.sortWithinPartitions("query_image_id")
-                .mapInPandas(retrieval_partitions(shipped, plan), HIT_SCHEMA)
-                .persist(StorageLevel.MEMORY_AND_DISK))
-        try:
-            per_type, per_type_style = _table5_inputs(hits, stylized)
-            table = table5(per_type, per_type_style, queries_per_type, cfg.styles, conf.types)
-            rows = hits.select(
+        def as_rows(hits: DataFrame) -> DataFrame:
+            return hits.select(
                 "query_id", "query_image_id", "scene_id", "retrieval_type", "rank", "similarity",
-                F.lit(identity.version).alias("encoder_version"), F.lit(run.info.run_id).alias("run_id"),
-                F.current_timestamp().alias("created_at"),
-            )
-            counts["retrievals.inserted"] = merge_rows(spark, cfg, "retrievals", rows)["inserted"]
-            examples = _examples(hits, spark, cfg, conf.examples_to_log) if conf.examples_to_log else []
-        finally:
-            hits.unpersist()
-            if transport == "broadcast":
-                shipped.destroy()
-            else:
-                Path(shipped.path).unlink(missing_ok=True)
+                F.lit(identity.version).alias("encoder_version"), F.lit(run_id).alias("run_id"),
+                F.current_timestamp().alias("created_at"))
+
+        with shipped_scene_indexes(spark, cfg, payload, run_id) as shipped:
+            hits = search_hits(spark, cfg, queries, shipped, plan).persist(StorageLevel.MEMORY_AND_DISK)
+            try:
+                per_type, per_type_style = _table5_inputs(hits, stylized)
+                table = table5(per_type, per_type_style, queries_per_type, cfg.styles, conf.types)
+                stats = replace_hits(spark, cfg, as_rows(hits), queries, identity.version)
+                counts.update({f"retrievals.{k}": float(v) for k, v in stats.items()})
+                examples = _examples(hits, spark, cfg, conf.examples_to_log) if conf.examples_to_log else []
+            finally:
+                hits.unpersist()
+        if new_scene_ids:  # query_filter: the new queries, which met the full index above
+            counts.update(merge_new_scenes(spark, cfg, scenes, new_scene_ids, query_filter, vectors, modalities,
+                                           plan, identity.version, run_id, as_rows))
         counts.update(table5_metrics(table))
         counts.update(leakage_counts(spark, cfg))
         log_counts(counts)
@@ -274,4 +393,34 @@ def retrieve(spark: SparkSession, cfg: ErgConfig, query_filter: DataFrame | None
         mlflow.log_dict({"examples": examples}, "retrieval_examples.json")
         mlflow.log_text(examples_markdown(examples), "retrieval_examples.md")
         logger.info("retrieval counts per type:\n%s", markdown_table(table))
-        return {**counts, "encoder_version": identity.version, "index_types": index_types, "run_id": run.info.run_id}
+        record_watermark(cfg, "retrieve", {"embeddings": embeddings_version})
+        return {**counts, "encoder_version": identity.version, "index_types": index_types, "run_id": run_id}
+
+
+def merge_new_scenes(spark: SparkSession, cfg: ErgConfig, scenes: pd.DataFrame, new_scene_ids: list[str],
+                     new_queries: DataFrame, vectors: DataFrame, modalities: list[str], plan: RetrievalPlan,
+                     encoder_version: str, run_id: str, as_rows) -> dict[str, float]:
+    """Search every old query (not in ``new_queries``, which met the full index) against an index of the new
+    scenes alone and merge the hits into the kept top-k (:func:`merged_top_k`, one MERGE)."""
+    counts: dict[str, float] = {}
+    new = scenes[scenes["scene_id"].isin(set(new_scene_ids))]
+    indexes = scene_indexes(new, target_modalities(plan.types), cfg.retrieve.index, counts, prefix="index.new_scenes")
+    types = tuple(t for t in plan.types if retrieval_modalities(t).target in indexes)
+    if not types:
+        return counts
+    small_plan = replace(plan, types=types)
+    payload = ScenePayload.of(indexes, dict(zip(scenes["scene_id"], scenes["image_id"])))
+    everyone = factual_queries(spark, cfg, vectors, modalities, None)
+    old = everyone.join(new_queries.select(F.col("caption_id").alias("query_id")), "query_id", "left_anti")
+    kept = (read_table(spark, cfg, "retrievals").where(F.col("encoder_version") == encoder_version)
+            .join(old.select("query_id"), "query_id", "left_semi"))
+    with shipped_scene_indexes(spark, cfg, payload, f"{run_id}-new-scenes") as shipped:
+        found = as_rows(search_hits(spark, cfg, old, shipped, small_plan)).persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            counts["incremental.new_scene_hits"] = found.count()
+            changes = merged_top_k(kept, found, plan.top_k)
+            stats = apply_changes(spark, cfg, "retrievals", changes, compare=("rank", "similarity"))
+        finally:
+            found.unpersist()
+    counts.update({f"retrievals.{k}_by_new_scenes": float(v) for k, v in stats.items()})
+    return counts

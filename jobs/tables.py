@@ -214,6 +214,39 @@ def merge_rows(spark: SparkSession, cfg: ErgConfig, table: str, df: DataFrame, *
             "updated": int(metrics.get("num_updated_rows") or 0)}
 
 
+def apply_changes(spark: SparkSession, cfg: ErgConfig, table: str, changes: DataFrame, *,
+                  compare: tuple[str, ...]) -> dict:
+    """Apply keyed changes to ``table`` in one MERGE: each row of ``changes`` (the table's columns plus ``_action``)
+    either replaces its key's row (``upsert``: inserted, or updated when a ``compare`` column differs, else left as
+    it is) or deletes it (``delete``; absent keys are ignored). Returns {"inserted", "updated", "deleted"}; a rerun
+    of the same changes returns zeros."""
+    spec = TABLES[table]
+    if "_action" not in changes.columns:
+        raise ValueError(f"changes for {table} need an _action column ('upsert' or 'delete')")
+    typed = [F.col(f.name).cast(f.dataType).alias(f.name) for f in spec.schema.fields]
+    source = changes.select(*typed, "_action").dropDuplicates(list(spec.keys))
+    columns = [f.name for f in spec.schema.fields]
+    view = f"erg_changes_{table}_{uuid.uuid4().hex[:12]}"
+    condition = " AND ".join(f"t.`{k}` = s.`{k}`" for k in spec.keys)
+    differs = " OR ".join(f"NOT (t.`{c}` <=> s.`{c}`)" for c in compare)
+    updates = ", ".join(f"t.`{c}` = s.`{c}`" for c in columns if c not in spec.keys)
+    names = ", ".join(f"`{c}`" for c in columns)
+    values = ", ".join(f"s.`{c}`" for c in columns)
+    source.createOrReplaceTempView(view)
+    try:
+        result = spark.sql(
+            f"MERGE INTO {table_name(cfg, table)} t USING {view} s ON {condition} "
+            f"WHEN MATCHED AND s._action = 'delete' THEN DELETE "
+            f"WHEN MATCHED AND s._action = 'upsert' AND ({differs}) THEN UPDATE SET {updates} "
+            f"WHEN NOT MATCHED AND s._action = 'upsert' THEN INSERT ({names}) VALUES ({values})").collect()
+    finally:
+        spark.catalog.dropTempView(view)
+    metrics = result[0].asDict() if result else {}
+    return {"inserted": int(metrics.get("num_inserted_rows") or 0),
+            "updated": int(metrics.get("num_updated_rows") or 0),
+            "deleted": int(metrics.get("num_deleted_rows") or 0)}
+
+
 def is_delta_table(spark: SparkSession, location: str) -> bool:
     """Whether ``location`` holds a Delta table (False for an absent or non-Delta folder), by SQL, so that it
     also answers on Spark Connect."""

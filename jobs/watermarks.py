@@ -54,9 +54,27 @@ def record(spark: SparkSession, cfg: ErgConfig, consumer: str, tables: list[str]
     versions = {table: table_version(spark, cfg, table) for table in tables}
     marks = _read(cfg)
     marks[consumer] = versions
+    _write(cfg, marks)
+    return versions
+
+
+def _write(cfg: ErgConfig, marks: dict) -> None:
     path = _path(cfg)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(marks, indent=2))
     tmp.replace(path)
-    return versions
+
+
+def watermark_version(cfg: ErgConfig, consumer: str, table: str) -> int | None:
+    """The version of ``table`` that ``consumer`` had read when it last finished (None: never)."""
+    seen = _read(cfg).get(consumer, {}).get(table)
+    return None if seen is None else int(seen)
+
+
+def record_version(cfg: ErgConfig, consumer: str, versions: dict[str, int]) -> None:
+    """Set ``consumer``'s watermark to the given table versions (those it read when it started, so rows that
+    arrived while it ran are new to its next run)."""
+    marks = _read(cfg)
+    marks[consumer] = {**marks.get(consumer, {}), **versions}
+    _write(cfg, marks)
