@@ -46,6 +46,8 @@ class TablesConf(_Section):
     catalog: Optional[str] = Field(None, description="Unity Catalog catalog; null for the local session catalog")
     schema_name: str = Field("erg", alias="schema", description="schema (database) that holds every table")
     location: Optional[str] = Field(None, description="root folder of the Delta tables; null = managed tables")
+    auto_optimize: bool = Field(True, description="optimized writes and auto compaction on every table "
+                                "(delta.autoOptimize.*), so that a small table stays a few files")
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 

@@ -149,12 +149,21 @@ def ensure_table(spark: SparkSession, cfg: ErgConfig, table: str) -> str:
         # a table written by an earlier session (or an older version, which may lack a column): register it as it
         # is (CREATE with the new schema would raise on the mismatch), then add the missing columns below
         spark.sql(f"CREATE TABLE IF NOT EXISTS {name} USING DELTA LOCATION '{location}'")
+    properties = {"delta.enableChangeDataFeed": "true"}
+    if cfg.tables.auto_optimize:
+        properties.update({"delta.autoOptimize.optimizeWrite": "true", "delta.autoOptimize.autoCompact": "true"})
     if not spark.catalog.tableExists(name):
         spark.sql(
             f"CREATE TABLE IF NOT EXISTS {name} ({columns}) USING DELTA{where} "
             f"COMMENT '{spec.comment.replace(chr(39), '')}' "
-            "TBLPROPERTIES (delta.enableChangeDataFeed = true)"
+            f"TBLPROPERTIES ({', '.join(f'{k} = {v}' for k, v in properties.items())})"
         )
+    else:  # a table made before a property was set here (e.g. auto compaction) gets it
+        have_props = {r["key"]: r["value"] for r in spark.sql(f"SHOW TBLPROPERTIES {name}").collect()}
+        missing = {k: v for k, v in properties.items() if have_props.get(k) != v}
+        if missing:
+            spark.sql(f"ALTER TABLE {name} SET TBLPROPERTIES ("
+                      + ", ".join(f"'{k}' = '{v}'" for k, v in missing.items()) + ")")
     have = set(spark.table(name).columns)
     added = [f for f in spec.schema.fields if f.name not in have and f.nullable]
     if added:  # a table made by an older version: add the new nullable columns (existing rows read NULL)

@@ -35,6 +35,24 @@ def test_delta_round_trip_and_merge(spark, fresh_cfg):
     assert first == 0  # version 0 is the empty CREATE TABLE: time travel works
 
 
+def test_tables_compact_themselves_so_a_small_table_stays_a_few_files(spark, fresh_cfg):
+    get_spark(fresh_cfg)
+    name = table_name(fresh_cfg, "stylized_captions")
+    props = {r.key: r.value for r in spark.sql(f"SHOW TBLPROPERTIES {name}").collect()}
+    assert props["delta.autoOptimize.autoCompact"] == "true" and props["delta.autoOptimize.optimizeWrite"] == "true"
+    now = dt.datetime(2026, 1, 1)
+    spark.conf.set("spark.databricks.delta.autoCompact.minNumFiles", "4")
+    try:
+        for i in range(8):  # eight small writes (one row each), as incremental runs make them
+            row = [(f"s{i}", f"coco:{i}", None, f"caption {i}", "positive", "train", "t", f"k{i}", now, "r1")]
+            merge_rows(spark, fresh_cfg, "stylized_captions", spark.createDataFrame(row, TABLES["stylized_captions"].schema))
+    finally:
+        spark.conf.unset("spark.databricks.delta.autoCompact.minNumFiles")
+    detail = spark.sql(f"DESCRIBE DETAIL {name}").collect()[0]
+    assert spark.table(name).count() == 8
+    assert detail.numFiles < 4  # without compaction: 8 files
+
+
 def test_ingest_sample_quarantine_and_idempotent(spark, fresh_cfg):
     cfg = fresh_cfg
     get_spark(cfg)
