@@ -315,13 +315,20 @@ def retrieve(spark: SparkSession, cfg: ErgConfig, query_filter: DataFrame | None
     conf = cfg.retrieve
     identity = encoder_identity(encoder_spec(cfg))
     since = watermark_version(cfg, "retrieve", "embeddings") if incremental else None
-    if incremental and since is not None and table_version(spark, cfg, "embeddings") <= since:
-        return {"skipped": "no new embeddings since the last retrieval", "encoder_version": identity.version}
+    if since is not None:
+        if query_filter is not None:
+            raise ValueError("retrieve(incremental=True) searches what is new since its watermark: give no query_filter")
+        version = table_version(spark, cfg, "embeddings")
+        new = new_since(spark, cfg, since, identity.version) if version > since else None
+        if new is None or not any(frame.limit(1).count() for frame in new.values()):
+            # nothing inserted (a compaction commit changes no row): nothing to search
+            record_watermark(cfg, "retrieve", {"embeddings": version})
+            return {"skipped": "no new embeddings since the last retrieval", "encoder_version": identity.version}
     with job_run(cfg, "retrieve", sections=("retrieve",),
                  params={"encoder_version": identity.version, "embed.encoder.kind": cfg.embed.encoder.kind,
                          "incremental": since is not None}) as run:
         run_id = run.info.run_id
-        embeddings_version = table_version(spark, cfg, "embeddings")
+        embeddings_version = version if since is not None else table_version(spark, cfg, "embeddings")
         vectors = read_table(spark, cfg, "embeddings").where(F.col("encoder_version") == identity.version)
         all_scenes = read_table(spark, cfg, "stylized_captions")
         stylized = all_scenes.where(F.col("split") == "train").select("scene_id", "image_id", "style")
@@ -350,10 +357,7 @@ def retrieve(spark: SparkSession, cfg: ErgConfig, query_filter: DataFrame | None
         factual = read_table(spark, cfg, "factual_captions").select("caption_id", "image_id")
         new_scene_ids: list[str] = []
         if since is not None:
-            if query_filter is not None:
-                raise ValueError("retrieve(incremental=True) searches what is new since its watermark: "
-                                 "give no query_filter")
-            new_scenes, query_filter = split_new(stylized, factual, new_since(spark, cfg, since, identity.version))
+            new_scenes, query_filter = split_new(stylized, factual, new)
             new_scene_ids = [r.scene_id for r in new_scenes.collect()]  # bounded by the stylized corpus
             counts["incremental.new_scenes"] = len(new_scene_ids)
         queries = factual_queries(spark, cfg, vectors, modalities, query_filter)
