@@ -68,6 +68,8 @@ def session_settings(cfg: ErgConfig) -> dict[str, str]:
         "spark.databricks.delta.schema.autoMerge.enabled": "false",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         "spark.python.worker.reuse": "true",
+        # a standalone cluster's executors do not inherit this process's environment
+        "spark.executorEnv.ERG_TORCH_THREADS": os.environ["ERG_TORCH_THREADS"],
     }
     settings.update(cfg.spark.extra)
     return settings

@@ -103,11 +103,24 @@ def test_per_style_candidate_cap_is_the_same_set_every_run(spark, pipeline):
     assert sorted(map(tuple, first[keys].to_numpy())) == sorted(map(tuple, again[keys].to_numpy()))
 
 
-def test_killed_twice_then_rerun_equals_uninterrupted(spark, pipeline, erg_home):
+@pytest.fixture(scope="module")
+def standalone_cluster(tmp_path_factory):
+    """A Spark standalone master and two workers (one core each) from pyspark's launcher, stopped after."""
+    from jobs.standalone_cluster import start_cluster
+
+    with start_cluster(tmp_path_factory.mktemp("cluster"), workers=2, cores=1, memory="2g") as cluster:
+        yield cluster
+
+
+def test_killed_twice_then_rerun_equals_uninterrupted(spark, pipeline, erg_home, standalone_cluster):
     """Kill `erg run` (SIGKILL, the whole process group) at a random moment of ingest, rerun it incrementally and
     kill that at a random moment of generate, then rerun to the end: every table equals the uninterrupted run's
     (same keys, no duplicates, same values in the deterministic columns; benchmarks/chaos.py does this N times
-    over all stages, on the local conf); a further rerun does no model work."""
+    over all stages, on the local conf); a further rerun does no model work.
+
+    The killed runs run on a standalone cluster (a master and two workers: executors in other JVMs), the
+    uninterrupted one and the final rerun on local[2]: the tables the cluster wrote (ingest through retrieve, and
+    part of generate) equal local[*]'s."""
     import os
     import random
 
@@ -117,11 +130,12 @@ def test_killed_twice_then_rerun_equals_uninterrupted(spark, pipeline, erg_home)
     cfg_done, _ = pipeline
     overrides = ["tables.schema=t_killed", f"sample.dir={erg_home / 'samples' / 't_pipeline'}"]
     cfg = load_config("test", overrides)
+    on_cluster = [*overrides, f"spark.master={standalone_cluster.master_url}"]
     rng = random.Random(15)
     for n, (stage, delay, incremental) in enumerate([("ingest", rng.uniform(5, 30), False),
                                                      ("generate", rng.uniform(2, 10), True)]):
         log = erg_home / f"killed_run_{n}.log"
-        killed = run_and_kill(erg_command("test", overrides, incremental=incremental), {**os.environ}, log,
+        killed = run_and_kill(erg_command("test", on_cluster, incremental=incremental), {**os.environ}, log,
                               stage=stage, delay=delay, timeout=1800)
         assert killed["killed"], f"the run ended before it could be killed in {stage}:\n{log.read_text()[-3000:]}"
 
