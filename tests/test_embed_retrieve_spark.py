@@ -340,6 +340,7 @@ def test_retrieve_logs_table5_and_examples_and_rerun_adds_no_rows(spark, pipelin
 
     again = pipeline["retrieve_again"]
     assert again["queries"] == 5 and again["retrievals.inserted"] == 0
+    assert again["retrievals.updated"] == 0 and again["retrievals.deleted"] == 0  # replaced by the same hits
     after = spark.table(name("retrievals")).toPandas()
     assert len(after) == len(retrievals)
     assert set(after.run_id) == {counts["run_id"]}  # the rerun rewrote nothing

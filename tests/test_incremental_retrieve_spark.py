@@ -28,6 +28,7 @@ def _cfg(fresh_cfg, schema: str):
     cfg.retrieve.types = ["t2t", "i2t"]
     cfg.retrieve.top_k = 3
     cfg.retrieve.min_similarity = -1.0  # every scene can be a hit: ranks are all that decide
+    cfg.retrieve.examples_to_log = 0
     return cfg
 
 
@@ -99,5 +100,3 @@ def test_incremental_retrieval_equals_a_full_one_and_searches_only_what_is_new(s
     assert len(keys) == len(set(keys))  # one row per (query, type, rank): no stale rank left
 
     assert retrieve(spark, inc, incremental=True)["skipped"]  # nothing new since
-    again = retrieve(spark, inc)  # a full rerun changes nothing
-    assert (again["retrievals.inserted"], again["retrievals.updated"], again["retrievals.deleted"]) == (0, 0, 0)
