@@ -13,27 +13,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from jobs.config import ErgConfig, load_config
 from jobs.spark import session_settings
+from jobs.spark_launcher import pyspark_script, stop_process_group
 
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
-
-
-def spark_submit() -> str:
-    """pyspark's ``spark-submit`` (the pip package's own Spark)."""
-    import pyspark
-
-    path = Path(pyspark.__file__).parent / "bin" / "spark-submit"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing: pyspark {pyspark.__version__} is installed without its launcher")
-    return str(path)
 
 
 def server_command(cfg: ErgConfig, port: int, host: str = "127.0.0.1") -> list[str]:
@@ -41,7 +30,7 @@ def server_command(cfg: ErgConfig, port: int, host: str = "127.0.0.1") -> list[s
     listening on ``host:port``."""
     settings = {**session_settings(cfg), "spark.connect.grpc.binding.port": str(port),
                 "spark.connect.grpc.binding.address": host, "spark.log.level": "WARN"}
-    command = [spark_submit(), "--master", cfg.spark.master, "--class", SERVER_CLASS, "--name", "erg connect server"]
+    command = [pyspark_script("spark-submit"), "--master", cfg.spark.master, "--class", SERVER_CLASS, "--name", "erg connect server"]
     for key, value in settings.items():
         command += ["--conf", f"{key}={value}"]
     return command
@@ -78,16 +67,7 @@ def start_server(cfg: ErgConfig, port: int, log_path: str | os.PathLike, host: s
 
 def stop_server(process: subprocess.Popen, timeout_s: float = 60.0) -> None:
     """Stop the server (and its Python workers: the whole process group)."""
-    if process.poll() is not None:
-        return
-    try:
-        os.killpg(process.pid, signal.SIGTERM)
-        process.wait(timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout_s)
-    except ProcessLookupError:
-        pass
+    stop_process_group(process, timeout_s)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -20,18 +19,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from jobs.spark_launcher import pyspark_script, stop_process_group
+
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"
 WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
-
-
-def spark_class() -> str:
-    """pyspark's ``spark-class`` (the pip package's own Spark)."""
-    import pyspark
-
-    path = Path(pyspark.__file__).parent / "bin" / "spark-class"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing: pyspark {pyspark.__version__} is installed without its launcher")
-    return str(path)
 
 
 def free_port() -> int:
@@ -51,16 +42,7 @@ class StandaloneCluster:
     def stop(self, timeout_s: float = 60.0) -> None:
         """Stop the workers, then the master (each with its process group: executors go with their worker)."""
         for process in reversed(self.processes):
-            if process.poll() is not None:
-                continue
-            try:
-                os.killpg(process.pid, signal.SIGTERM)
-                process.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait(timeout_s)
-            except ProcessLookupError:
-                pass
+            stop_process_group(process, timeout_s)
 
     def __enter__(self) -> "StandaloneCluster":
         return self
@@ -70,10 +52,10 @@ class StandaloneCluster:
 
 
 def _launch(args: list[str], log: Path) -> subprocess.Popen:
-    out = open(log, "ab")  # noqa: SIM115 - the child keeps writing to it
+    out = open(log, "wb")  # noqa: SIM115 - the child keeps writing to it; a new log (workers are counted in it)
     env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_NO_DAEMONIZE": "1"}
-    return subprocess.Popen([spark_class(), *args], stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                            env=env)
+    return subprocess.Popen([pyspark_script("spark-class"), *args], stdout=out, stderr=subprocess.STDOUT,
+                            start_new_session=True, env=env)
 
 
 def _registered_workers(master_log: Path) -> int:

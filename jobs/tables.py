@@ -202,8 +202,6 @@ def merge_rows(spark: SparkSession, cfg: ErgConfig, table: str, df: DataFrame, *
     """
     spec = TABLES[table]
     source = conform(df, table).dropDuplicates(list(spec.keys))
-    view = f"erg_merge_source_{table}_{uuid.uuid4().hex[:12]}"
-    condition = " AND ".join(f"t.`{k}` = s.`{k}`" for k in spec.keys)
     clauses = []
     if update_existing:
         clauses.append("WHEN MATCHED THEN UPDATE SET *")
@@ -212,6 +210,15 @@ def merge_rows(spark: SparkSession, cfg: ErgConfig, table: str, df: DataFrame, *
         fills = ", ".join(f"t.`{c}` = coalesce(t.`{c}`, s.`{c}`)" for c in fill_nulls)
         clauses.append(f"WHEN MATCHED AND ({missing}) THEN UPDATE SET {fills}")
     clauses.append("WHEN NOT MATCHED THEN INSERT *")
+    counts = _merge(spark, cfg, table, source, clauses)
+    return {"inserted": counts["inserted"], "updated": counts["updated"]}
+
+
+def _merge(spark: SparkSession, cfg: ErgConfig, table: str, source: DataFrame, clauses: list[str]) -> dict:
+    """``MERGE INTO table t USING source s ON <its key> <clauses>`` in SQL, the source a temporary view (dropped
+    after); the statement's own counts."""
+    view = f"erg_merge_source_{table}_{uuid.uuid4().hex[:12]}"
+    condition = " AND ".join(f"t.`{k}` = s.`{k}`" for k in TABLES[table].keys)
     source.createOrReplaceTempView(view)
     try:
         result = spark.sql(f"MERGE INTO {table_name(cfg, table)} t USING {view} s ON {condition} "
@@ -219,8 +226,7 @@ def merge_rows(spark: SparkSession, cfg: ErgConfig, table: str, df: DataFrame, *
     finally:
         spark.catalog.dropTempView(view)
     metrics = result[0].asDict() if result else {}
-    return {"inserted": int(metrics.get("num_inserted_rows") or 0),
-            "updated": int(metrics.get("num_updated_rows") or 0)}
+    return {key: int(metrics.get(f"num_{key}_rows") or 0) for key in ("inserted", "updated", "deleted")}
 
 
 def apply_changes(spark: SparkSession, cfg: ErgConfig, table: str, changes: DataFrame, *,
@@ -235,25 +241,14 @@ def apply_changes(spark: SparkSession, cfg: ErgConfig, table: str, changes: Data
     typed = [F.col(f.name).cast(f.dataType).alias(f.name) for f in spec.schema.fields]
     source = changes.select(*typed, "_action").dropDuplicates(list(spec.keys))
     columns = [f.name for f in spec.schema.fields]
-    view = f"erg_changes_{table}_{uuid.uuid4().hex[:12]}"
-    condition = " AND ".join(f"t.`{k}` = s.`{k}`" for k in spec.keys)
     differs = " OR ".join(f"NOT (t.`{c}` <=> s.`{c}`)" for c in compare)
     updates = ", ".join(f"t.`{c}` = s.`{c}`" for c in columns if c not in spec.keys)
     names = ", ".join(f"`{c}`" for c in columns)
     values = ", ".join(f"s.`{c}`" for c in columns)
-    source.createOrReplaceTempView(view)
-    try:
-        result = spark.sql(
-            f"MERGE INTO {table_name(cfg, table)} t USING {view} s ON {condition} "
-            f"WHEN MATCHED AND s._action = 'delete' THEN DELETE "
-            f"WHEN MATCHED AND s._action = 'upsert' AND ({differs}) THEN UPDATE SET {updates} "
-            f"WHEN NOT MATCHED AND s._action = 'upsert' THEN INSERT ({names}) VALUES ({values})").collect()
-    finally:
-        spark.catalog.dropTempView(view)
-    metrics = result[0].asDict() if result else {}
-    return {"inserted": int(metrics.get("num_inserted_rows") or 0),
-            "updated": int(metrics.get("num_updated_rows") or 0),
-            "deleted": int(metrics.get("num_deleted_rows") or 0)}
+    return _merge(spark, cfg, table, source, [
+        "WHEN MATCHED AND s._action = 'delete' THEN DELETE",
+        f"WHEN MATCHED AND s._action = 'upsert' AND ({differs}) THEN UPDATE SET {updates}",
+        f"WHEN NOT MATCHED AND s._action = 'upsert' THEN INSERT ({names}) VALUES ({values})"])
 
 
 def is_delta_table(spark: SparkSession, location: str) -> bool:
