@@ -433,8 +433,10 @@ class MergeConstraint(LogitsProcessor):
     This is the shape of every training target: an extracted style phrase and its content are the caption's words
     split in two, each kept in order, so the caption is a merge of the two. ``contents`` / ``phrases`` hold each
     input's token ids; rows of the scores are ``batch * beams``; ``offset`` is where generated tokens start.
-    ``contiguous[i]``: input i's phrase is one block (a clause, see models.phrase_transfer): once begun, it is
-    written to its end before any content token (the model still chooses where it goes).
+    ``contiguous[i]``: input i's phrase is a trailing clause (see models.phrase_transfer), written as one block
+    after the whole content, where FlickrStyle writes its style ("a dog runs on the beach searching for bones"). A
+    block the model placed mid-caption read as broken ("a man holding a boy upside down on top of dreams of olympic
+    greatness park") and the filters passed it (benchmarks/results/table2 of b6559a1).
     """
 
     def __init__(self, contents: Sequence[Sequence[int]], phrases: Sequence[Sequence[int]], offset: int, beams: int,
@@ -447,21 +449,22 @@ class MergeConstraint(LogitsProcessor):
 
     def allowed(self, row: int, generated: Sequence[int]) -> list[int]:
         content, phrase, block = self.contents[row], self.phrases[row], self.contiguous[row]
+        if block:  # the content, then the clause: the (n+1)th token is fixed by how many were written
+            written = next((i for i, t in enumerate(generated) if t == self.eos), len(generated))
+            if written < len(generated):
+                return [self.eos]
+            whole = content + phrase
+            return [whole[written]] if written < len(whole) else [self.eos]
         ci = pi = 0
         for t in generated:
             if t == self.eos:
                 return [self.eos]
-            if block and 0 < pi < len(phrase) and t == phrase[pi]:  # inside the block: the phrase goes on
-                pi += 1
-                continue
             if ci < len(content) and t == content[ci]:
                 ci += 1
                 continue
             j = next((j for j in range(pi, len(phrase)) if phrase[j] == t), None)
             if j is not None:
                 pi = j + 1
-        if block and 0 < pi < len(phrase):
-            return [phrase[pi]]
         nxt = [content[ci]] if ci < len(content) else []
         if self.skip_phrase:
             return (nxt or [self.eos]) + phrase[pi:]
@@ -552,7 +555,7 @@ def generate(
     ``constraint="source_words"`` lets only the input's own tokens be generated (see ``SourceWordsConstraint``);
     ``"merge"`` / ``"merge_skip"`` write the factual caption with the phrase's tokens placed into it by the model
     (see ``MergeConstraint``; meant for word-level generators, where a token is a word); ``contiguous`` (one flag
-    per input, merge only) places those inputs' phrases as one block.
+    per input, merge only) writes those inputs' phrases as one trailing block.
     """
     n = _check_texts(style_phrases=style_phrases, factual_captions=factual_captions)
     if contiguous is not None and len(contiguous) != n:

@@ -112,7 +112,7 @@ def transfer_phrase(tokens: Sequence[str], mask: Sequence[bool], propensity: Map
 
 def transfer_split(tokens: Sequence[str], mask: Sequence[bool], propensity: Mapping[str, float],
                    min_propensity: float, factual_caption: str = "", clause_words: int = 0) -> tuple[str, bool]:
-    """(transfer phrase, whether it is a whole clause): a clause is placed as one block by the generator."""
+    """(transfer phrase, whether it is a whole clause): the generator writes a clause after the content."""
     chosen, is_clause = with_clause(tokens, transfer_mask(tokens, mask, propensity, min_propensity, factual_caption),
                                     clause_words)
     return " ".join(t for t, k in zip(tokens, chosen) if k), is_clause

@@ -25,7 +25,7 @@ SCORED_COLUMNS = ["predicted_style", "style_probability", "perplexity", "content
 def transfer_phrases(frame: pd.DataFrame, propensity_path: str | None) -> tuple[list[str], list[bool]]:
     """The phrase each candidate asks the generator to place (:mod:`models.phrase_transfer`), from the retrieved
     scene's ``phrase_tokens`` / ``phrase_mask``, the factual caption and the target style, and whether it is a
-    whole clause (placed as one block); the whole ``style_phrase`` without a propensity file (the paper's e^s)."""
+    whole clause (written at the caption's end); the whole ``style_phrase`` without a propensity file (the paper's e^s)."""
     if not propensity_path:
         return frame["style_phrase"].tolist(), [False] * len(frame)
     from models.phrase_transfer import load_propensity, transfer_split
