@@ -513,6 +513,18 @@ def _decode_words(gen: StyleGenerator, ids: Sequence[int], source_text: str) -> 
     return " ".join(agree_articles(words))
 
 
+def clause_after_sentence(clause: str, factual_caption: str) -> tuple[str, str]:
+    """(clause, factual caption) with the caption's closing punctuation moved after the clause, so that a trailing
+    clause continues the sentence ("a dog in a room. hoping for a treat" -> "a dog in a room hoping for a treat .")."""
+    body = factual_caption.rstrip()
+    end = len(body)
+    while end and body[end - 1] in ".!?":
+        end -= 1
+    if end == len(body) or not body[:end].strip():
+        return clause, factual_caption
+    return f"{clause.rstrip()} {body[end:]}", body[:end].rstrip()
+
+
 _AN_EXCEPTIONS = ("uni", "use", "usu", "one", "eu")  # vowel letter, consonant sound: "a university", "a one-way"
 
 
@@ -560,6 +572,10 @@ def generate(
     n = _check_texts(style_phrases=style_phrases, factual_captions=factual_captions)
     if contiguous is not None and len(contiguous) != n:
         raise ValueError(f"contiguous needs one flag per input: {len(contiguous)} for {n}")
+    if contiguous is not None and constraint in ("merge", "merge_skip"):
+        moved = [clause_after_sentence(p, f) if block else (p, f)
+                 for p, f, block in zip(style_phrases, factual_captions, contiguous)]
+        style_phrases, factual_captions = [p for p, _ in moved], [f for _, f in moved]
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if constraint not in CONSTRAINTS:

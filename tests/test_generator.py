@@ -18,6 +18,7 @@ from transformers import AutoModel
 from models.generator import (
     IGNORE_INDEX,
     MergeConstraint,
+    clause_after_sentence,
     create_word_level_generator,
     SETTINGS_FILE,
     create_bert2bert_from_minilm,
@@ -288,12 +289,20 @@ def test_merge_constraint_keeps_every_content_word_in_order_and_places_the_phras
         assert _is_merge(o.split(), f.split(), p.split(), skip=False), (o, p, f)
     blocks = generate(gen, phrases, factual, strategy=strategy, num_beams=3, constraint="merge",
                       contiguous=[False, True, False, False])
-    assert blocks[1].split() == factual[1].split() + phrases[1].split(), blocks[1]  # the clause, trailing
+    clause, content = clause_after_sentence(phrases[1], factual[1])
+    assert blocks[1].split() == content.split() + clause.split(), blocks[1]  # the clause, trailing
     for i in (0, 2, 3):
         assert _is_merge(blocks[i].split(), factual[i].split(), phrases[i].split(), skip=False), blocks[i]
     skipped = generate(gen, phrases, factual, strategy=strategy, num_beams=3, constraint="merge_skip")
     for o, p, f in zip(skipped, phrases, factual):
         assert _is_merge(o.split(), f.split(), p.split(), skip=True), (o, p, f)
+
+
+def test_a_trailing_clause_continues_the_sentence():
+    assert clause_after_sentence("hoping for a treat", "a dog in a room.") == ("hoping for a treat .", "a dog in a room")
+    assert clause_after_sentence("to win", "a man runs !? ") == ("to win !?", "a man runs")
+    assert clause_after_sentence("to win", "a man runs") == ("to win", "a man runs")
+    assert clause_after_sentence("to win", " . ") == ("to win", " . ")
 
 
 def test_merge_constraint_replays_what_was_generated():
