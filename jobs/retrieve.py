@@ -195,11 +195,11 @@ def _examples(hits: DataFrame, spark: SparkSession, cfg: ErgConfig, count: int) 
 
 
 @contextmanager
-def shipped_scene_indexes(spark: SparkSession, cfg: ErgConfig, payload: ScenePayload, name: str):
-    """The payload as the executors get it (a broadcast, or a file on Spark Connect: :func:`index_transport`),
-    destroyed or removed when the block ends."""
+def shipped_scene_indexes(spark: SparkSession, cfg: ErgConfig, payload: ScenePayload, name: str, transport: str):
+    """The payload as the executors get it, by ``transport`` (:func:`index_transport`): a broadcast, or a file
+    under ``retrieve.index_dir``; destroyed or removed when the block ends."""
     conf = cfg.retrieve
-    if index_transport(spark, conf) == "broadcast":
+    if transport == "broadcast":
         shipped = spark.sparkContext.broadcast(payload)
         try:
             yield shipped
@@ -219,8 +219,7 @@ def scene_indexes(scenes: pd.DataFrame, targets: list[str], conf: IndexConf, cou
     indexes: dict[str, SceneIndex] = {}
     for modality in targets:
         present = scenes[scenes[f"{modality}_vector"].notna()]
-        counts[f"scenes_without_vector.{modality}" if prefix == "index" else f"{prefix}.{modality}.without_vector"] = \
-            len(scenes) - len(present)
+        counts[f"{prefix}.{modality}.without_vector"] = len(scenes) - len(present)
         if present.empty:
             continue
         started = time.perf_counter()
@@ -306,7 +305,7 @@ def retrieve(spark: SparkSession, cfg: ErgConfig, query_filter: DataFrame | None
     ``scenes.non_train_excluded``, ``leakage.*`` (:func:`jobs.leakage.leakage_counts`), ``index.<modality>.size``,
     per type ``<type>.queries``, ``<type>.queries_with_hit``, ``<type>.hits``, ``<type>.hits.<style>``,
     ``<type>.mean_similarity``; ``retrievals.inserted`` / ``.updated`` / ``.deleted``; ``index.faiss_gpu_fallback`` (:func:`faiss_gpu_fallbacks`);
-    ``index.transport_file``; incremental: ``incremental.new_queries``, ``incremental.new_scenes``,
+    ``index.transport_file``, ``index.payload_bytes``, ``index.<modality>.without_vector``; incremental: ``incremental.new_queries``, ``incremental.new_scenes``,
     ``incremental.new_scene_hits``, ``retrievals.<inserted|updated|deleted>_by_new_scenes``; ``encoder_version``,
     ``index_types`` and ``run_id``.
     """
@@ -348,8 +347,9 @@ def retrieve(spark: SparkSession, cfg: ErgConfig, query_filter: DataFrame | None
         mlflow.log_params({f"index.{m}.type": t for m, t in index_types.items()})
         counts["index.faiss_gpu_fallback"] = float(bool(faiss_gpu_fallbacks(index_types, conf.index)))
         payload = ScenePayload.of(indexes, scene_image_map)
-        counts["index.broadcast_bytes"] = payload.size_bytes
-        counts["index.transport_file"] = float(index_transport(spark, conf) == "file")
+        transport = index_transport(spark, conf)
+        counts["index.payload_bytes"] = payload.size_bytes
+        counts["index.transport_file"] = float(transport == "file")
         plan = RetrievalPlan(tuple(conf.types), conf.top_k, conf.min_similarity, conf.exclude_same_image,
                              exclusion_margin(scene_image_map), conf.index.use_gpu, conf.index.gpu_fallback)
 
@@ -375,7 +375,7 @@ def retrieve(spark: SparkSession, cfg: ErgConfig, query_filter: DataFrame | None
                 F.lit(identity.version).alias("encoder_version"), F.lit(run_id).alias("run_id"),
                 F.current_timestamp().alias("created_at"))
 
-        with shipped_scene_indexes(spark, cfg, payload, run_id) as shipped:
+        with shipped_scene_indexes(spark, cfg, payload, run_id, transport) as shipped:
             hits = search_hits(spark, cfg, queries, shipped, plan).persist(StorageLevel.MEMORY_AND_DISK)
             try:
                 per_type, per_type_style = _table5_inputs(hits, stylized)
@@ -387,7 +387,7 @@ def retrieve(spark: SparkSession, cfg: ErgConfig, query_filter: DataFrame | None
                 hits.unpersist()
         if new_scene_ids:  # query_filter: the new queries, which met the full index above
             counts.update(merge_new_scenes(spark, cfg, scenes, new_scene_ids, query_filter, vectors, modalities,
-                                           plan, identity.version, run_id, as_rows))
+                                           plan, identity.version, run_id, as_rows, transport))
         counts.update(table5_metrics(table))
         counts.update(leakage_counts(spark, cfg))
         log_counts(counts)
@@ -403,7 +403,7 @@ def retrieve(spark: SparkSession, cfg: ErgConfig, query_filter: DataFrame | None
 
 def merge_new_scenes(spark: SparkSession, cfg: ErgConfig, scenes: pd.DataFrame, new_scene_ids: list[str],
                      new_queries: DataFrame, vectors: DataFrame, modalities: list[str], plan: RetrievalPlan,
-                     encoder_version: str, run_id: str, as_rows) -> dict[str, float]:
+                     encoder_version: str, run_id: str, as_rows, transport: str) -> dict[str, float]:
     """Search every old query (not in ``new_queries``, which met the full index) against an index of the new
     scenes alone and merge the hits into the kept top-k (:func:`merged_top_k`, one MERGE)."""
     counts: dict[str, float] = {}
@@ -418,7 +418,7 @@ def merge_new_scenes(spark: SparkSession, cfg: ErgConfig, scenes: pd.DataFrame, 
     old = everyone.join(new_queries.select(F.col("caption_id").alias("query_id")), "query_id", "left_anti")
     kept = (read_table(spark, cfg, "retrievals").where(F.col("encoder_version") == encoder_version)
             .join(old.select("query_id"), "query_id", "left_semi"))
-    with shipped_scene_indexes(spark, cfg, payload, f"{run_id}-new-scenes") as shipped:
+    with shipped_scene_indexes(spark, cfg, payload, f"{run_id}-new-scenes", transport) as shipped:
         found = as_rows(search_hits(spark, cfg, old, shipped, small_plan)).persist(StorageLevel.MEMORY_AND_DISK)
         try:
             counts["incremental.new_scene_hits"] = found.count()

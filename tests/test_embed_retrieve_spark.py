@@ -317,7 +317,7 @@ def test_retrieve_logs_table5_and_examples_and_rerun_adds_no_rows(spark, pipelin
     train = spark.table(name("stylized_captions")).where("split = 'train'")
     assert counts["index.text.size"] == train.count()
     assert counts["scenes.non_train_excluded"] == spark.table(name("stylized_captions")).count() - train.count()
-    assert counts["scenes_without_vector.image"] == train.where(f"image_id = '{pipeline['untagged']}'").count()
+    assert counts["index.image.without_vector"] == train.where(f"image_id = '{pipeline['untagged']}'").count()
     assert all(counts[k] == 0 for k in counts if k.startswith("leakage."))
     assert counts["retrievals.inserted"] == len(retrievals)
     run = mlflow.get_run(counts["run_id"])
