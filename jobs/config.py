@@ -199,7 +199,8 @@ class EncoderConf(_Section):
     name_or_path: str = "all-MiniLM-L6-v2"
     batch_size: int = Field(64, ge=1)
     device: str = "auto"
-    options: dict[str, Any] = Field(default_factory=dict, description="encoder options: sentence max_length; "
+    options: dict[str, Any] = Field(default_factory=dict, description="encoder options: sentence max_length, precision "
+                                    "(fp32 / bf16 / int8: see benchmarks/results/scale.json); "
                                     "oscar pooling, max_seq_length, max_img_seq_length, tokenizer_name_or_path")
 
 

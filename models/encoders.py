@@ -273,6 +273,29 @@ def _check_mean_pooling_layout(path: str) -> None:
                 raise ValueError(f"sentence model {path!r} pools with {modes}: the sentence encoder does mean pooling")
 
 
+PRECISIONS = ("fp32", "bf16", "int8")
+
+
+def with_precision(model: torch.nn.Module, precision: str, device: torch.device) -> torch.nn.Module:
+    """``model`` to run in ``precision``: ``fp32`` as is; ``bf16`` its weights in bfloat16; ``int8`` its Linear layers
+    dynamically quantized to int8 with per-channel weight scales (CPU only: PyTorch's dynamic quantization has no
+    CUDA kernels). What each costs in quality and gains in speed is measured by benchmarks/scale.py."""
+    if precision == "fp32":
+        return model
+    if precision == "bf16":
+        return model.to(torch.bfloat16)
+    if device.type != "cpu":
+        raise ValueError(f"precision int8 runs on CPU only (dynamic quantization), the encoder is on {device}: use "
+                         "fp32 or bf16 on a GPU")
+    import warnings
+
+    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+
+    with warnings.catch_warnings():  # torch.ao.quantization's deprecation notice (the API still ships in torch 2.x)
+        warnings.simplefilter("ignore")
+        return quantize_dynamic(model, {torch.nn.Linear: per_channel_dynamic_qconfig})
+
+
 class SentenceEncoder(SceneEncoder):
     """A sentence encoder (all-MiniLM-L6-v2 by default): AutoModel, mean pooling over tokens, L2.
 
@@ -286,8 +309,11 @@ class SentenceEncoder(SceneEncoder):
     kind = "sentence"
 
     def __init__(
-        self, name_or_path: str = "all-MiniLM-L6-v2", device: str = "auto", max_length: int | None = None
+        self, name_or_path: str = "all-MiniLM-L6-v2", device: str = "auto", max_length: int | None = None,
+        precision: str = "fp32",
     ) -> None:
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
         path = resolve_model_path(name_or_path)
         _check_mean_pooling_layout(path)
         self.tokenizer = AutoTokenizer.from_pretrained(path)
@@ -295,14 +321,13 @@ class SentenceEncoder(SceneEncoder):
         self.max_length = self._max_length(path) if max_length is None else _positive_int(max_length, "max_length")
         self.name = display_name(name_or_path)
         self.dim = int(self.model.config.hidden_size)
-        self.version = weights_version(
-            self.kind,
-            self.name,
-            self.model,
-            {"tokenizer": _tokenizer_fingerprint(self.tokenizer), "max_length": self.max_length},
-        )
+        self.precision = precision
+        parts: dict[str, Any] = {"tokenizer": _tokenizer_fingerprint(self.tokenizer), "max_length": self.max_length}
+        if precision != "fp32":  # fp32 keeps the versions (and the vectors) embedded before this option existed
+            parts["precision"] = precision
+        self.version = weights_version(self.kind, self.name, self.model, parts)
         self.device = pick_device(device)
-        self.model.to(self.device)
+        self.model = with_precision(self.model.to(self.device), precision, self.device)
 
     def _max_length(self, path: str) -> int:
         sbert_config = Path(path) / "sentence_bert_config.json"
@@ -625,7 +650,7 @@ def load_encoder(kind: str, name_or_path: str | None = None, device: str = "auto
 
     ``name_or_path`` defaults to all-MiniLM-L6-v2 for ``sentence`` and is required otherwise. ``device``:
     ``auto`` (the GPU Spark assigned, else CPU), ``cpu`` or ``cuda[:N]``. ``options`` go to the encoder:
-    ``sentence``: max_length; ``oscar``: pooling, max_seq_length, max_img_seq_length,
+    ``sentence``: max_length, precision (fp32 / bf16 / int8, see :func:`with_precision`); ``oscar``: pooling, max_seq_length, max_img_seq_length,
     tokenizer_name_or_path, allow_missing_keys; ``clip``: none.
     """
     if kind not in ENCODER_KINDS:

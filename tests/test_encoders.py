@@ -97,6 +97,22 @@ def test_sentence_version_is_stable_and_tracks_options(minilm: SceneEncoder) -> 
     assert load_encoder("sentence", device="cpu", max_length=32).version != minilm.version
 
 
+@pytest.mark.parametrize("precision, min_cosine", [("bf16", 0.995), ("int8", 0.9)])
+def test_sentence_encoder_precision_is_versioned_and_close_to_fp32(minilm: SceneEncoder, precision: str,
+                                                                  min_cosine: float) -> None:
+    low = load_encoder("sentence", device="cpu", precision=precision)
+    assert low.version != minilm.version and low.precision == precision
+    assert load_encoder("sentence", device="cpu", precision="fp32").version == minilm.version
+    vectors, reference = low.encode_texts(CAPTIONS), minilm.encode_texts(CAPTIONS)
+    assert_unit_rows(vectors, 4, 384)
+    cosine = (vectors * reference).sum(axis=1)
+    assert cosine.min() > min_cosine, cosine
+    if precision == "int8":
+        assert any(type(m).__module__.endswith("quantized.dynamic.modules.linear") for m in low.model.modules())
+    with pytest.raises(ValueError, match="precision must be one of"):
+        load_encoder("sentence", device="cpu", precision="fp8")
+
+
 def test_sentence_encoder_rejects_bad_input(minilm: SceneEncoder) -> None:
     with pytest.raises(ValueError, match=r"texts\[1\]"):
         minilm.encode_texts(["a dog", "  "])
