@@ -10,7 +10,9 @@ Three item kinds go into the ``embeddings`` table (:data:`ITEM_MODALITIES`):
 
 :func:`embed_partitions` is the ``mapInPandas`` function: the encoder is loaded once per Python worker
 (:func:`udfs.runtime.cached_model`, keyed by kind, checkpoint, options and the device Spark assigned to the task),
-Arrow batches are re-cut into model batches of ``batch_size``, and each input row gives one output row with its
+Arrow batches are re-cut into windows of :data:`LENGTH_BUCKET_BATCHES` model batches, whose captions are sorted by
+length before they are cut into model batches of ``batch_size`` (padding to the longest caption of a random batch
+was most of the model's work: benchmarks/results/scale.json), and each input row gives one output row with its
 vector, or with a ``skip_reason`` when that one item cannot be encoded (an unreadable image file, say): one bad
 image never fails the job, it is counted and reported. :func:`embed_batch` is the same work on one pandas frame,
 usable without Spark.
@@ -39,6 +41,9 @@ IMAGE_INPUT_COLUMN: dict[str, str] = {"sentence": "tags", "clip": "uri", "oscar"
 
 INPUT_COLUMNS: tuple[str, ...] = ("item_id", "item_kind", "modality", "text", "tags", "uri", "region_features")
 """Columns of the frame fed to :func:`embed_partitions` (text for captions; tags, uri, region_features for images)."""
+
+LENGTH_BUCKET_BATCHES = 16
+"""Model batches per window that the embed UDF sorts by caption length (a window of 16 x 64 captions)."""
 
 EMBEDDED_SCHEMA = "item_id string, item_kind string, modality string, vector array<float>, skip_reason string"
 """What :func:`embed_partitions` emits: one row per input row; ``vector`` is null exactly when ``skip_reason`` is set."""
@@ -205,7 +210,8 @@ def embed_batch(encoder: SceneEncoder, frame: pd.DataFrame, batch_size: int) -> 
 
 
 def embed_partitions(spec: EncoderSpec) -> Callable[[Iterator[pd.DataFrame]], Iterator[pd.DataFrame]]:
-    """The ``mapInPandas`` function embedding :data:`INPUT_COLUMNS` rows into :data:`EMBEDDED_SCHEMA` rows.
+    """The ``mapInPandas`` function embedding :data:`INPUT_COLUMNS` rows into :data:`EMBEDDED_SCHEMA` rows, in
+    windows of :data:`LENGTH_BUCKET_BATCHES` model batches sorted by length (:meth:`SceneEncoder.encode_texts`).
 
     The encoder is loaded on the first batch of a task (an empty partition loads nothing), on the GPU Spark assigned
     to the task when there is one, and kept for later tasks of the same Python worker.
@@ -213,7 +219,7 @@ def embed_partitions(spec: EncoderSpec) -> Callable[[Iterator[pd.DataFrame]], It
 
     def run(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         encoder: SceneEncoder | None = None
-        for batch in rebatch(frames, spec.batch_size):
+        for batch in rebatch(frames, spec.batch_size * LENGTH_BUCKET_BATCHES):
             if encoder is None:
                 limit_threads()
                 encoder = spec.load(task_device(spec.device))
