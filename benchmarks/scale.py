@@ -1,0 +1,608 @@
+"""Scale benchmark: how close the model UDFs run to this CPU's limit, and how the jobs grow to 1M factual captions.
+
+Writes ``benchmarks/results/scale.json``. Every part measures its ratios within one run, and the part's command is
+stored beside its result. Parts can be run separately (``--parts``); each run updates only the parts it ran. What
+each part does:
+
+- ``kernels``: fp32 matmul peak of this machine (``torch.mm`` of 2048 x 2048 on the process's torch threads).
+- ``embed``: N real factual captions (COCO Karpathy references of ../shared/data; the sample's captions without it)
+  embedded by a plain loop and by the embed UDF on the standalone cluster.
+  - The plain loop is Hugging Face MiniLM over batches of 64 in input order, mean pooled, with all torch threads.
+  - The UDF is ``udfs.embedding.embed_partitions`` in ``mapInPandas``: one torch thread per worker core, with
+    length bucketing.
+  - ``udf_gflops``: the real-token FLOPs (no padding: 2 x the MACs of the projections, the FFN and attention over each
+    caption's own tokens) divided by the UDF's seconds.
+  - Each reduced precision of the encoder (``embed.encoder.options.precision``: int8, bf16) goes through the same
+    UDF. Its quality is the top-1 retrieval agreement with fp32: factual queries against the FlickrStyle stylized
+    scenes, both sides embedded at that precision.
+- ``retrieval``: Q queries x S scenes of clustered random unit vectors (``--dim`` wide; the vector source is named
+  in the result).
+  - Exact search is a Faiss flat inner-product index. The approximate indexes are IVF and HNSW with the base
+    conf's ``retrieve.index`` settings, each searched through ``SceneIndex.search``, as the UDF does.
+  - Reported per index: recall@10 against exact, and seconds (build + search).
+- ``sizes``: the scale corpus of the sample's generator, 10K / 100K / 1M factual captions over a fixed set of
+  images and stylized captions. Ingest, embed and retrieve run as jobs on a standalone cluster (1 master + 2 workers
+  x 1 core).
+  - At the largest size (``--copy-vectors-at``), the factual vectors are not computed by the UDF. They are copied
+    from the previous size's embeddings of the same caption text (the scale corpus repeats its captions). This is
+    a Spark join written by ``merge_rows``, timed as that size's embed step and named in the result.
+- ``incremental``: on the 100K schema, one run with 1% new stylized and factual rows (ingest, embed, retrieve
+  ``incremental=True``), against the full run of that size.
+- ``generate``: the generator UDF (``udfs.generation.make_generator`` in ``mapInPandas``) against a plain
+  ``models.generator.generate`` loop over the same candidates. It uses the current generator and the retrieval
+  candidates of an existing ERG home (``--generate-home``, e.g. the real-data run).
+
+    python benchmarks/scale.py --parts kernels,embed,retrieval,sizes,incremental,generate
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+PARTS = ("kernels", "embed", "retrieval", "sizes", "incremental", "generate")
+DATA = Path(os.environ.get("ERG_DATA", REPO.parent / "shared" / "data"))
+
+
+# ------------------------------------------------------------------------------------------------------ kernels
+def matmul_gflops(n: int = 2048, repeats: int = 5) -> float:
+    """Best fp32 ``torch.mm`` rate of ``repeats`` runs of an n x n product, in GFLOP/s."""
+    import torch
+
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    torch.mm(a, b)
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - started)
+    return 2 * n**3 / best / 1e9
+
+
+# -------------------------------------------------------------------------------------------------------- embed
+def real_captions(limit: int) -> tuple[list[str], list[str], str]:
+    """(factual queries, stylized scenes, where they came from): COCO Karpathy references and FlickrStyle10K's
+    humor + romantic captions of ../shared/data, else the generated sample's captions."""
+    coco = DATA / "coco_karpathy_test"
+    flickr = DATA / "flickrstyle10k"
+    if coco.is_dir() and flickr.is_dir():
+        queries = []
+        for k in range(1, 6):
+            queries += [line.strip() for line in (coco / f"karpathy-refs-{k}.txt").read_text(
+                encoding="utf-8", errors="replace").splitlines() if line.strip()]
+        queries = queries[:limit]
+        scenes = []
+        for name, encoding in (("funny_train.txt", "utf-8"), ("romantic_train.txt", "latin-1")):
+            lines = (flickr / name).read_bytes().decode(encoding, errors="replace").splitlines()
+            scenes += [line.strip() for line in lines if line.strip()]
+        return queries, scenes, f"{coco} (queries), {flickr} humor + romantic (scenes)"
+    from jobs.sample import _factual, _scene, HUMOR_PHRASES, ROMANTIC_PHRASES
+    import random
+
+    rng = random.Random(0)
+    scenes_ = [_scene(i, rng) for i in range(600)]
+    queries = [_factual(rng, s["subject"], s["action"], s["place"], s["color"]) for s in scenes_ for _ in range(
+        max(1, limit // 600))][:limit]
+    scenes = [f"{_factual(rng, s['subject'], s['action'], s['place'], s['color'])} {rng.choice(HUMOR_PHRASES + ROMANTIC_PHRASES)}"
+              for s in scenes_]
+    return queries, scenes, "the generated sample's templates (../shared/data is absent)"
+
+
+def real_token_flops(model_config: Any, token_counts: np.ndarray) -> float:
+    """FLOPs of a BERT encoder over captions of ``token_counts`` real tokens each: per layer and token, the Q/K/V/O
+    projections (4 d^2 MACs) and the FFN (2 d ff MACs); per layer and caption, attention scores and their weighted
+    sum (2 n^2 d MACs). 2 FLOPs per MAC; embeddings, layer norms and softmax left out."""
+    d, ff, layers = model_config.hidden_size, model_config.intermediate_size, model_config.num_hidden_layers
+    n = token_counts.astype(np.float64)
+    macs = layers * ((4 * d * d + 2 * d * ff) * n.sum() + 2 * d * (n**2).sum())
+    return 2 * macs
+
+
+def plain_loop(texts: list[str], batch_size: int = 64) -> tuple[np.ndarray, float]:
+    """Plain torch MiniLM: batches of ``batch_size`` in input order, mean pooling, L2; (vectors, seconds)."""
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    from models.encoders import resolve_model_path
+
+    path = resolve_model_path("all-MiniLM-L6-v2")
+    tokenizer, model = AutoTokenizer.from_pretrained(path), AutoModel.from_pretrained(path).eval()
+    out = []
+    started = time.perf_counter()
+    with torch.inference_mode():
+        for start in range(0, len(texts), batch_size):
+            batch = tokenizer(texts[start:start + batch_size], padding=True, truncation=True, max_length=256,
+                              return_tensors="pt")
+            hidden = model(**batch).last_hidden_state
+            mask = batch["attention_mask"].unsqueeze(-1).float()
+            pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+            out.append(torch.nn.functional.normalize(pooled, dim=-1).numpy())
+    return np.concatenate(out), time.perf_counter() - started
+
+
+def udf_embed(spark, texts: list[str], precision: str, partitions: int) -> tuple[np.ndarray, float]:
+    """The embed UDF over ``texts`` (as factual items) on the session's executors; (vectors in input order, seconds
+    from the DataFrame's creation to the last vector). The executors load the encoder in an unmeasured warm-up."""
+    from udfs.embedding import EMBEDDED_SCHEMA, INPUT_COLUMNS, EncoderSpec, embed_partitions
+
+    spec = EncoderSpec.of("sentence", "all-MiniLM-L6-v2", "cpu", 64,
+                          {} if precision == "fp32" else {"precision": precision})
+    frame = pd.DataFrame({"item_id": [f"{i:09d}" for i in range(len(texts))], "item_kind": "factual",
+                          "modality": "text", "text": texts, "tags": None, "uri": None, "region_features": None})
+    schema = ("item_id string, item_kind string, modality string, text string, tags string, uri string, "
+              "region_features binary")
+
+    def run(rows: pd.DataFrame) -> tuple[pd.DataFrame, float]:
+        started = time.perf_counter()
+        df = spark.createDataFrame(rows[list(INPUT_COLUMNS)], schema).repartition(partitions)
+        got = df.mapInPandas(embed_partitions(spec), EMBEDDED_SCHEMA).select("item_id", "vector").toPandas()
+        return got, time.perf_counter() - started
+
+    run(frame.head(partitions * 64))  # warm-up: each worker loads the encoder once (cached for later tasks)
+    got, seconds = run(frame)
+    got = got.sort_values("item_id")
+    return np.stack(got["vector"].to_numpy()).astype(np.float32), seconds
+
+
+def top1_agreement(queries_a, scenes_a, queries_b, scenes_b) -> float:
+    return float(((queries_a @ scenes_a.T).argmax(1) == (queries_b @ scenes_b.T).argmax(1)).mean())
+
+
+def part_embed(spark, args) -> dict:
+    from transformers import AutoConfig, AutoTokenizer
+
+    from models.encoders import load_encoder, resolve_model_path
+
+    queries, scenes, source = real_captions(args.embed_items)
+    path = resolve_model_path("all-MiniLM-L6-v2")
+    tokens = np.array([len(ids) for ids in AutoTokenizer.from_pretrained(path)(
+        queries, truncation=True, max_length=256).input_ids])
+    flops = real_token_flops(AutoConfig.from_pretrained(path), tokens)
+    plain_vectors, plain_s = plain_loop(queries)
+    print(f"plain loop: {len(queries) / plain_s:.1f} captions/s", file=sys.stderr)
+    result: dict[str, Any] = {"items": len(queries), "source": source, "mean_tokens": float(tokens.mean()),
+                              "real_token_gflop": flops / 1e9, "plain_items_per_s": len(queries) / plain_s,
+                              "plain_gflops": flops / plain_s / 1e9, "partitions": args.partitions}
+    # quality and encoder speed of each precision: a query and a scene subset through SceneEncoder.encode_texts
+    rng = np.random.default_rng(0)
+    q_sub = [queries[i] for i in rng.choice(len(queries), min(args.agreement_queries, len(queries)), replace=False)]
+    s_sub = [scenes[i] for i in rng.choice(len(scenes), min(args.agreement_scenes, len(scenes)), replace=False)]
+    encoded: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    precisions: dict[str, dict[str, Any]] = {}
+    for precision in ["fp32", *args.precisions]:
+        encoder = load_encoder("sentence", device="cpu", precision=precision)
+        encoder.encode_texts(q_sub[:64], 64)  # warm-up
+        started = time.perf_counter()
+        encoded[precision] = (encoder.encode_texts(q_sub, 64), encoder.encode_texts(s_sub, 64))
+        entry = {"encoder_items_per_s": (len(q_sub) + len(s_sub)) / (time.perf_counter() - started)}
+        if precision != "fp32":
+            entry["top1_agreement"] = top1_agreement(*encoded["fp32"], *encoded[precision])
+            entry["mean_cosine_to_fp32"] = float((encoded[precision][0] * encoded["fp32"][0]).sum(1).mean())
+            entry["encoder_speedup_vs_fp32"] = entry["encoder_items_per_s"] / precisions["fp32"]["encoder_items_per_s"]
+        precisions[precision] = entry
+        print(f"{precision}: encoder {entry['encoder_items_per_s']:.1f} captions/s"
+              + (f", top-1 agreement {entry['top1_agreement']:.4f}" if "top1_agreement" in entry else ""),
+              file=sys.stderr)
+    # the UDF at fp32 and at the precisions asked for
+    for precision in ["fp32", *args.udf_precisions]:
+        vectors, seconds = udf_embed(spark, queries, precision, args.partitions)
+        precisions.setdefault(precision, {}).update(
+            {"udf_items_per_s": len(queries) / seconds, "udf_gflops": flops / seconds / 1e9, "udf_seconds": seconds})
+        if precision == "fp32":
+            precisions[precision]["max_abs_diff_vs_plain"] = float(np.abs(vectors - plain_vectors).max())
+        print(f"udf {precision}: {len(queries) / seconds:.1f} captions/s, {flops / seconds / 1e9:.1f} GFLOP/s",
+              file=sys.stderr)
+    result.update({"agreement_queries": len(q_sub), "agreement_scenes": len(s_sub), "precisions": precisions,
+                   "udf_items_per_s": precisions["fp32"]["udf_items_per_s"],
+                   "udf_gflops": precisions["fp32"]["udf_gflops"]})
+    kept = [p for p in args.precisions if precisions[p]["top1_agreement"] >= 0.99 and "udf_items_per_s" in precisions[p]]
+    best = max(kept, key=lambda p: precisions[p]["udf_items_per_s"]) if kept else None
+    result["quantized_precision"] = best
+    result["quantized_items_per_s"] = precisions[best]["udf_items_per_s"] if best else None
+    result["quantized_top1_agreement"] = precisions[best]["top1_agreement"] if best else None
+    result["precisions_failing_agreement"] = [p for p in args.precisions if precisions[p]["top1_agreement"] < 0.99]
+    return result
+
+
+# ---------------------------------------------------------------------------------------------------- retrieval
+def clustered_unit_vectors(rng: np.random.Generator, count: int, centres: np.ndarray, spread: float,
+                           chunk: int = 200_000) -> np.ndarray:
+    """Unit vectors around unit ``centres`` with noise of norm ~``spread`` (float32, made in chunks)."""
+    dim = centres.shape[1]
+    out = np.empty((count, dim), dtype=np.float32)
+    for start in range(0, count, chunk):
+        n = min(chunk, count - start)
+        picked = centres[rng.integers(0, len(centres), n)]
+        v = picked + (spread / np.sqrt(dim)) * rng.standard_normal((n, dim), dtype=np.float32)
+        out[start:start + n] = v / np.linalg.norm(v, axis=1, keepdims=True)
+    return out
+
+
+def search_all(index, queries: np.ndarray, k: int, chunk: int = 50_000) -> np.ndarray:
+    """Scene ids (as row numbers) of the top-k of every query through ``SceneIndex.search``, -1 where fewer."""
+    out = np.full((len(queries), k), -1, dtype=np.int64)
+    for start in range(0, len(queries), chunk):
+        hits = index.search(queries[start:start + chunk], top_k=k, min_similarity=-1.0)
+        out[start + hits["query_row"].to_numpy(), hits["rank"].to_numpy() - 1] = hits["scene_id"].astype(
+            np.int64).to_numpy()
+    return out
+
+
+def recall_at(exact: np.ndarray, approx: np.ndarray) -> float:
+    k = exact.shape[1]
+    found = sum(len(np.intersect1d(e[e >= 0], a[a >= 0], assume_unique=True)) for e, a in zip(exact, approx))
+    return found / float((exact >= 0).sum() or 1) if k else 0.0
+
+
+def part_retrieval(args) -> dict:
+    from jobs.config import load_config
+    from models.scene_index import build_scene_index
+
+    conf = load_config("local").retrieve.index
+    rng = np.random.default_rng(0)
+    centres = rng.standard_normal((args.clusters, args.dim)).astype(np.float32)
+    centres /= np.linalg.norm(centres, axis=1, keepdims=True)
+    scenes = clustered_unit_vectors(rng, args.scenes, centres, args.spread)
+    queries = clustered_unit_vectors(rng, args.queries, centres, args.spread)
+    ids = np.array([str(i) for i in range(args.scenes)], dtype=object)
+    result: dict[str, Any] = {"queries": args.queries, "scenes": args.scenes, "dim": args.dim, "k": 10,
+                              "vectors": f"clustered random unit vectors ({args.clusters} centres, noise norm "
+                                         f"{args.spread}), not model output", "indexes": {}}
+    timed = {}
+    for kind in ("flat", "ivf", "hnsw"):
+        started = time.perf_counter()
+        index = build_scene_index(scenes, ids, kind, nlist=conf.nlist, nprobe=conf.nprobe, hnsw_m=conf.hnsw_m,
+                                  ef_search=conf.ef_search)
+        built = time.perf_counter() - started
+        top = search_all(index, queries, 10)
+        seconds = time.perf_counter() - started
+        timed[kind] = top
+        result["indexes"][kind] = {"build_s": built, "search_s": seconds - built, "seconds": seconds,
+                                   "params": index.params}
+        print(f"{kind}: build {built:.1f} s, search {seconds - built:.1f} s", file=sys.stderr)
+        del index
+    for kind in ("ivf", "hnsw"):
+        entry = result["indexes"][kind]
+        entry["recall_at_10"] = recall_at(timed["flat"], timed[kind])
+        entry["speedup_vs_exact"] = result["indexes"]["flat"]["seconds"] / entry["seconds"]
+        print(f"{kind}: recall@10 {entry['recall_at_10']:.4f}, {entry['speedup_vs_exact']:.1f}x exact",
+              file=sys.stderr)
+    qualified = [k for k in ("ivf", "hnsw") if result["indexes"][k]["recall_at_10"] >= 0.95]
+    best = max(qualified or ["ivf", "hnsw"], key=lambda k: result["indexes"][k]["speedup_vs_exact"])
+    result.update({"approx_index": best, "exact_s": result["indexes"]["flat"]["seconds"],
+                   "approx_s": result["indexes"][best]["seconds"],
+                   "approx_recall_at_10": result["indexes"][best]["recall_at_10"]})
+    return result
+
+
+# -------------------------------------------------------------------------------------------------------- sizes
+def size_config(args, size: int, master: str, schema: str | None = None):
+    from jobs.config import load_config
+
+    schema = schema or f"scale_{size}"
+    overrides = {
+        "tables": {"schema": schema},
+        "sample": {"n_images": args.images, "factual_captions": size, "stylized_per_style": args.stylized_per_style,
+                   "dir": f"{os.environ['ERG_HOME']}/samples/{schema}", "bad_rows": False},
+        "spark": {"master": master, "show_progress": False, "shuffle_partitions": 8,
+                  "extra": {"spark.executor.memory": args.executor_memory, "spark.cores.max": "2"}},
+        "retrieve": {"partitions": 8},
+    }
+    return load_config("local", overrides)
+
+
+def timed(label: str, fn) -> tuple[Any, float]:
+    started = time.perf_counter()
+    out = fn()
+    seconds = time.perf_counter() - started
+    print(f"  {label}: {seconds:.1f} s", file=sys.stderr)
+    return out, seconds
+
+
+def copy_factual_vectors(spark, cfg, source_cfg) -> int:
+    """The factual vectors of ``cfg``'s captions, copied from ``source_cfg``'s embeddings of the same caption text
+    (same encoder version); returns the rows inserted. All in Spark: nothing goes to the driver."""
+    from pyspark.sql import functions as F
+
+    from jobs.embed import encoder_spec
+    from jobs.tables import merge_rows, read_table
+    from udfs.embedding import encoder_identity
+
+    identity = encoder_identity(encoder_spec(cfg))
+    by_text = (read_table(spark, source_cfg, "embeddings")
+               .where((F.col("item_kind") == "factual") & (F.col("encoder_version") == identity.version))
+               .join(read_table(spark, source_cfg, "factual_captions")
+                     .select(F.col("caption_id").alias("item_id"), "caption"), "item_id")
+               .groupBy("caption").agg(F.first("vector").alias("vector")))
+    rows = (read_table(spark, cfg, "factual_captions").select(F.col("caption_id").alias("item_id"), "caption")
+            .join(by_text, "caption")
+            .select("item_id", F.lit("factual").alias("item_kind"), F.lit("text").alias("modality"), "vector",
+                    F.lit(identity.name).alias("encoder"), F.lit(identity.version).alias("encoder_version"),
+                    F.lit("scale-benchmark-copy").alias("run_id"), F.current_timestamp().alias("created_at")))
+    return merge_rows(spark, cfg, "embeddings", rows)["inserted"]
+
+
+def fresh(cfg) -> None:
+    import shutil
+
+    home = Path(cfg.home).resolve()
+    schema = cfg.tables.schema_name
+    for path in [Path(cfg.tables.location) / schema, home / "state" / f"watermarks.local.{schema}.json",
+                 Path(cfg.sample.dir)]:
+        path = path.resolve()
+        if home not in path.parents:
+            raise ValueError(f"refusing to remove {path}: outside {home}")
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+
+
+def part_sizes(args, master: str) -> dict:
+    from jobs.embed import embed
+    from jobs.ingest import ingest
+    from jobs.retrieve import retrieve
+    from jobs.sample import write_sample
+    from jobs.spark import get_spark
+    from jobs.tables import read_table
+
+    configs = {n: size_config(args, n, master) for n in args.sizes}
+    for cfg in configs.values():
+        fresh(cfg)
+    spark = get_spark(configs[args.sizes[0]])
+    warm = size_config(args, args.sizes[0], master, schema="scale_warmup")
+    fresh(warm)
+    write_sample(warm)
+    get_spark(warm)
+    print("## warm-up (not measured)", file=sys.stderr)
+    ingest(spark, warm), embed(spark, warm), retrieve(spark, warm)
+    out: dict[str, Any] = {}
+    previous = None
+    for n, cfg in configs.items():
+        print(f"## {n:,} factual captions", file=sys.stderr)
+        write_sample(cfg)
+        get_spark(cfg)
+        counts, ingest_s = timed("ingest", lambda: ingest(spark, cfg))
+        if n in args.copy_vectors_at and previous is not None:
+            copied, copy_s = timed("factual vectors copied by caption text", lambda: copy_factual_vectors(
+                spark, cfg, previous))
+            embedded, embed_s = timed("embed (scenes and images)", lambda: embed(spark, cfg))
+            embed_s += copy_s
+            vectors = f"factual vectors copied by caption text from the {previous.tables.schema_name} run " \
+                      f"({copied:,} rows); scenes and images by the embed UDF ({embedded['encoded']:,} items)"
+        else:
+            embedded, embed_s = timed("embed", lambda: embed(spark, cfg))
+            vectors = f"embed UDF ({embedded['encoded']:,} items)"
+        hits, retrieve_s = timed("retrieve", lambda: retrieve(spark, cfg))
+        factual = read_table(spark, cfg, "factual_captions").count()
+        out[str(n)] = {"factual_captions": factual, "ingest_s": ingest_s, "embed_s": embed_s,
+                       "retrieve_s": retrieve_s, "vectors": vectors, "embed_encoded": embedded["encoded"],
+                       "retrievals_inserted": hits.get("retrievals.inserted"),
+                       "items_per_s": factual / (ingest_s + retrieve_s),
+                       "items_per_s_with_embed": factual / (ingest_s + embed_s + retrieve_s)}
+        previous = cfg
+    first, last = str(args.sizes[0]), str(args.sizes[-1])
+    ratio = out[first]["items_per_s"] / out[last]["items_per_s"]
+    print(f"per-item cost (ingest + retrieve) at {last} / at {first}: {ratio:.2f}", file=sys.stderr)
+    return out, {"per_item_cost_ratio_largest_vs_smallest": ratio,
+                 "per_item_cost_counts": "ingest + retrieve (embed at the largest size is a copy, see vectors)",
+                 "images": args.images, "stylized_per_style": args.stylized_per_style,
+                 "corpus": "the sample's generator (jobs.sample), factual captions spread over the images"}
+
+
+# -------------------------------------------------------------------------------------------------- incremental
+def one_percent_new(cfg, factual_now: int) -> tuple[list, int, int]:
+    """Extra ingest sources, written beside the sample: 1% new factual captions (new text on the Flickr images
+    without stylized captions, so they join P) and 1% new stylized captions (new FlickrStyle humor lines on the
+    stylized images). Returns (sources, new factual, new stylized)."""
+    import random
+
+    from jobs.config import IngestSource
+    from jobs.sample import HUMOR_PHRASES, _factual, _scene
+
+    root = Path(cfg.sample.dir) / "new"
+    root.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(99)
+    images = sorted(p.name for p in (Path(cfg.sample.dir) / "images").glob("1*_*.png"))
+    styled, unstyled = images[:cfg.sample.stylized_per_style], images[cfg.sample.stylized_per_style:]
+
+    def text(name: str) -> str:
+        scene = _scene(int(name.split("_")[0]) - 1000000, rng)
+        return _factual(rng, scene["subject"], scene["action"], scene["place"], scene["color"])
+
+    n_factual = max(1, factual_now // 100)
+    lines = [f"{unstyled[k % len(unstyled)]}#{100000 + k}\t{text(unstyled[k % len(unstyled)])} at dusk number {k} ."
+             for k in range(n_factual)]
+    (root / "factual_new.txt").write_text("\n".join(lines) + "\n")
+    n_stylized = max(1, 4 * cfg.sample.stylized_per_style // 100)
+    picked = [styled[k % len(styled)] for k in range(n_stylized)]
+    humor = [f"{text(name)} {rng.choice(HUMOR_PHRASES)} on day {k} ." for k, name in enumerate(picked)]
+    (root / "funny_new.txt").write_text("\n".join(humor) + "\n")
+    (root / "image_names_new.txt").write_text("\n".join(picked) + "\n")
+    images_dir = str(Path(cfg.sample.dir) / "images")
+    return [IngestSource(format="flickr30k_tokens", path=str(root / "factual_new.txt"), name="new_flickr30k",
+                         image_root=images_dir),
+            IngestSource(format="flickrstyle", style="humor", path=str(root / "funny_new.txt"),
+                         image_names=str(root / "image_names_new.txt"), name="new_flickrstyle",
+                         image_root=images_dir)], n_factual, n_stylized
+
+
+def part_incremental(args, master: str, sizes_result: dict) -> dict:
+    from jobs.embed import embed
+    from jobs.ingest import ingest
+    from jobs.retrieve import retrieve
+    from jobs.sample import sample_sources
+    from jobs.spark import get_spark
+
+    size = args.incremental_size
+    full = sizes_result.get(str(size))
+    if full is None:
+        raise SystemExit(f"--parts incremental needs the sizes part's {size:,} run (in this run or scale.json)")
+    cfg = size_config(args, size, master)
+    spark = get_spark(cfg)
+    extra, n_factual, n_stylized = one_percent_new(cfg, full["factual_captions"])
+    print(f"## incremental: {n_factual} new factual, {n_stylized} new stylized captions on {size:,}", file=sys.stderr)
+    counts, ingest_s = timed("ingest", lambda: ingest(spark, cfg, sample_sources(cfg) + extra))
+    embedded, embed_s = timed("embed", lambda: embed(spark, cfg))
+    hits, retrieve_s = timed("retrieve (incremental)", lambda: retrieve(spark, cfg, incremental=True))
+    full_s = full["ingest_s"] + full["embed_s"] + full["retrieve_s"]
+    new_s = ingest_s + embed_s + retrieve_s
+    print(f"incremental / full: {new_s / full_s:.3f}", file=sys.stderr)
+    return {"size": size, "new_factual": n_factual, "new_stylized": n_stylized, "full_s": full_s,
+            "ingested": {k: v for k, v in counts.items() if k.startswith(("rows.", "factual_captions.",
+                                                                         "stylized_captions."))},
+            "one_percent_new_s": new_s, "ratio": new_s / full_s,
+            "steps_s": {"ingest": ingest_s, "embed": embed_s, "retrieve": retrieve_s},
+            "embed_encoded": embedded["encoded"], "retrieve": {k: v for k, v in hits.items()
+                                                               if isinstance(v, (int, float, str))}}
+
+
+# ----------------------------------------------------------------------------------------------------- generate
+def part_generate(args) -> dict:
+    """Generator UDF vs plain loop over the same candidates of an existing ERG home."""
+    from pyspark.sql import functions as F
+
+    from jobs.config import load_config
+    from jobs.generate import candidates, decoding_options
+    from jobs.model_store import require_current
+    from jobs.spark import get_spark
+    from models.generator import generate, load_generator
+    from udfs.generation import make_generator, transfer_phrases
+
+    os.environ["ERG_HOME"] = str(Path(args.generate_home).resolve())
+    cfg = load_config(args.generate_conf, {"spark": {"show_progress": False},
+                                           "generate": {"max_candidates": None, "max_candidates_per_style": None}})
+    spark = get_spark(cfg)
+    current = require_current(cfg, "generator", "generate")
+    # the current version has generated them all: read candidates as for a version that has not
+    cand = candidates(spark, cfg, "scale-benchmark").orderBy(F.xxhash64("query_id", "scene_id", "retrieval_type"))
+    frame = cand.limit(args.generate_candidates).toPandas()
+    n = len(frame)
+    options = decoding_options(cfg)
+    udf = make_generator(current["path"], current["kind"], options, "cpu", current["max_source_len"],
+                         current["max_target_len"], current.get("propensity_path"))
+    sdf = spark.createDataFrame(frame).repartition(args.partitions)
+    schema = sdf.schema.add("transfer_phrase", "string").add("generated_caption", "string")
+    sdf.limit(args.partitions * 8).repartition(args.partitions).mapInPandas(udf, schema).count()  # warm-up
+    started = time.perf_counter()
+    got = sdf.mapInPandas(udf, schema).select("query_id", "scene_id", "retrieval_type", "generated_caption").toPandas()
+    udf_s = time.perf_counter() - started
+    gen = load_generator(current["kind"], current["path"], device="cpu", max_source_len=current["max_source_len"],
+                         max_target_len=current["max_target_len"])
+    phrases, clauses = transfer_phrases(frame, current.get("propensity_path"))
+    started = time.perf_counter()
+    plain = generate(gen, phrases, frame["factual_caption"].tolist(), **options,
+                     contiguous=clauses if any(clauses) else None)
+    plain_s = time.perf_counter() - started
+    merged = frame[["query_id", "scene_id", "retrieval_type"]].assign(plain=plain).merge(
+        got, on=["query_id", "scene_id", "retrieval_type"])
+    same = float((merged["plain"] == merged["generated_caption"]).mean())
+    print(f"generate: udf {n / udf_s:.2f} captions/s, plain {n / plain_s:.2f} captions/s, same text {same:.3f}",
+          file=sys.stderr)
+    return {"candidates": n, "home": str(args.generate_home), "conf": args.generate_conf,
+            "generator_version": current["version"], "udf_captions_per_s": n / udf_s,
+            "plain_captions_per_s": n / plain_s, "udf_s": udf_s, "plain_s": plain_s, "same_text_share": same,
+            "decoding": options}
+
+
+# --------------------------------------------------------------------------------------------------------- main
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of {PARTS}")
+    parser.add_argument("--sizes", default="10000,100000,1000000")
+    parser.add_argument("--copy-vectors-at", default="1000000", help="sizes whose factual vectors are copied")
+    parser.add_argument("--images", type=int, default=4000)
+    parser.add_argument("--stylized-per-style", type=int, default=100)
+    parser.add_argument("--embed-items", type=int, default=10000)
+    parser.add_argument("--precisions", default="int8,bf16", help="reduced precisions whose agreement is measured")
+    parser.add_argument("--udf-precisions", default="int8", help="reduced precisions also run through the UDF")
+    parser.add_argument("--agreement-queries", type=int, default=2000)
+    parser.add_argument("--agreement-scenes", type=int, default=3000)
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--queries", type=int, default=1_000_000)
+    parser.add_argument("--scenes", type=int, default=100_000)
+    parser.add_argument("--dim", type=int, default=384)
+    parser.add_argument("--clusters", type=int, default=2000)
+    parser.add_argument("--spread", type=float, default=0.7)
+    parser.add_argument("--incremental-size", type=int, default=100000)
+    parser.add_argument("--generate-home", default=str(REPO / ".erg-real"))
+    parser.add_argument("--generate-conf", default="shared_data")
+    parser.add_argument("--generate-candidates", type=int, default=10000)
+    parser.add_argument("--executor-memory", default="3g")
+    parser.add_argument("--home", type=Path, default=REPO / ".erg" / "benchmarks" / "scale")
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "scale.json")
+    args = parser.parse_args()
+    parts = [p.strip() for p in args.parts.split(",") if p.strip()]
+    unknown = sorted(set(parts) - set(PARTS))
+    if unknown:
+        parser.error(f"unknown parts {unknown}: choose from {PARTS}")
+    args.sizes = sorted(int(s) for s in args.sizes.split(","))
+    args.copy_vectors_at = {int(s) for s in args.copy_vectors_at.split(",") if s}
+    args.precisions = [p for p in args.precisions.split(",") if p]
+    args.udf_precisions = [p for p in args.udf_precisions.split(",") if p]
+    command = "python benchmarks/scale.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    result: dict[str, Any] = json.loads(args.out.read_text()) if args.out.exists() else {}
+    result.setdefault("commands", {})
+    import torch
+
+    machine = {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__}
+
+    def record(part: str, value: Any, key: str | None = None) -> None:
+        result[key or part] = value
+        result["commands"][part] = command
+        result["machine"] = machine
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2, default=str))
+        print(f"wrote {part} to {args.out}", file=sys.stderr)
+
+    if "kernels" in parts:
+        record("kernels", matmul_gflops(), "matmul_gflops")
+        print(f"fp32 matmul peak: {result['matmul_gflops']:.1f} GFLOP/s", file=sys.stderr)
+    if "retrieval" in parts:
+        record("retrieval", part_retrieval(args))
+    cluster_parts = [p for p in parts if p in ("embed", "sizes", "incremental")]
+    if cluster_parts:
+        from jobs.spark import get_spark
+        from jobs.standalone_cluster import start_cluster
+
+        args.home.mkdir(parents=True, exist_ok=True)
+        os.environ["ERG_HOME"] = str(args.home.resolve())
+        with start_cluster(args.home / "cluster", workers=2, cores=1,
+                           memory=f"{int(args.executor_memory.rstrip('g')) + 1}g") as cluster:
+            result["cluster"] = "standalone 1 master + 2 workers (1 core each)"
+            if "embed" in parts:
+                spark = get_spark(size_config(args, args.sizes[0], cluster.master_url, schema="scale_embed"))
+                embed_result = part_embed(spark, args)
+                embed_result["udf_vs_plain"] = embed_result["udf_items_per_s"] / embed_result["plain_items_per_s"]
+                if "matmul_gflops" in result:
+                    embed_result["udf_share_of_matmul_peak"] = embed_result["udf_gflops"] / result["matmul_gflops"]
+                record("embed", embed_result)
+            if "sizes" in parts:
+                sizes, about = part_sizes(args, cluster.master_url)
+                result["sizes_setup"] = about
+                record("sizes", sizes)
+            if "incremental" in parts:
+                record("incremental", part_incremental(args, cluster.master_url, result["sizes"]))
+            from pyspark.sql import SparkSession
+
+            active = SparkSession.getActiveSession()
+            if active is not None:
+                active.stop()
+    if "generate" in parts:
+        record("generate", part_generate(args))
+
+
+if __name__ == "__main__":
+    main()
