@@ -6,13 +6,42 @@ import pytest
 from jobs.config import ConfigError, load_config, parse_overrides
 
 
-@pytest.mark.parametrize("name", ["local", "test", "databricks", "conf/shared_data.yaml"])
+@pytest.mark.parametrize("name", ["base", "local", "test", "databricks", "conf/shared_data.yaml"])
 def test_shipped_confs_validate(name, monkeypatch):
     monkeypatch.setenv("ERG_HOME", "/tmp/erg-conf-test")
     cfg = load_config(name)
     assert cfg.labels[0] == "factual" and set(cfg.labels[1:]) == {"humor", "romantic", "positive", "negative"}
     assert 0 < cfg.extract.eps < 1
     assert cfg.retrieve.min_similarity == 0.6 and cfg.generate.filters.ppl_max == 80
+
+
+def test_confs_are_overlays_of_one_full_fidelity_base(monkeypatch):
+    import yaml
+    from pathlib import Path
+
+    monkeypatch.setenv("ERG_HOME", "/tmp/erg-conf-test")
+    conf = Path(__file__).resolve().parents[1] / "conf"
+    parents = {p.stem: yaml.safe_load(p.read_text()).get("extends") for p in conf.glob("*.yaml")}
+    assert parents == {"base": None, "local": "base", "test": "local", "shared_data": "local", "databricks": "base"}
+    base = load_config("base")
+    caps = {"generate.max_candidates": base.generate.max_candidates,
+            "generate.max_candidates_per_style": base.generate.max_candidates_per_style,
+            "generate.generator.max_train_pairs": base.generate.generator.max_train_pairs,
+            "extract.head_selection_captions": base.extract.head_selection_captions,
+            "extract.classifier.max_train_captions": base.extract.classifier.max_train_captions,
+            "extract.evaluation.max_train_captions": base.extract.evaluation.max_train_captions,
+            "experiment.max_augmented_pairs": base.experiment.max_augmented_pairs,
+            "spark.shuffle_partitions": base.spark.shuffle_partitions}
+    assert caps == dict.fromkeys(caps), caps
+    assert (base.extract.classifier.name_or_path, base.embed.encoder.kind, base.generate.generator.init) == (
+        "bert-base-uncased", "clip", "pretrained")
+    # the workspace conf changes where things run, not what the models are: its model settings are the base's
+    databricks = load_config("databricks")
+    for section in ("extract", "embed", "generate", "experiment"):
+        assert getattr(databricks, section) == getattr(base, section), section
+    assert databricks.generate.generator.config_overrides == {}  # local's word-level shape is not inherited
+    local = load_config("local")
+    assert local.generate.max_candidates == 400 and local.spark.shuffle_partitions == 4
 
 
 def test_local_paths_and_interpolation(monkeypatch, tmp_path):
