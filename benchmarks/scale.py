@@ -473,6 +473,7 @@ def part_incremental(args, master: str, sizes_result: dict) -> dict:
 def part_generate(args) -> dict:
     """Generator UDF vs plain loop over the same candidates of an existing ERG home."""
     from pyspark.sql import functions as F
+    from pyspark.sql.types import StructType
 
     from jobs.config import load_config
     from jobs.generate import candidates, decoding_options
@@ -488,30 +489,36 @@ def part_generate(args) -> dict:
     current = require_current(cfg, "generator", "generate")
     # the current version has generated them all: read candidates as for a version that has not
     cand = candidates(spark, cfg, "scale-benchmark").orderBy(F.xxhash64("query_id", "scene_id", "retrieval_type"))
-    frame = cand.limit(args.generate_candidates).toPandas()
+    picked = cand.limit(args.generate_candidates).cache()
+    frame = picked.toPandas()  # bounded by --generate-candidates
     n = len(frame)
     options = decoding_options(cfg)
     udf = make_generator(current["path"], current["kind"], options, "cpu", current["max_source_len"],
                          current["max_target_len"], current.get("propensity_path"))
-    sdf = spark.createDataFrame(frame).repartition(args.partitions)
-    schema = sdf.schema.add("transfer_phrase", "string").add("generated_caption", "string")
-    sdf.limit(args.partitions * 8).repartition(args.partitions).mapInPandas(udf, schema).count()  # warm-up
+    sdf = picked.repartition(args.partitions)
+    schema = StructType([f for f in picked.schema.fields if f.name not in ("phrase_tokens", "phrase_mask")])
+    schema = schema.add("transfer_phrase", "string").add("generated_caption", "string")
+    picked.limit(args.partitions * 8).repartition(args.partitions).mapInPandas(udf, schema).count()  # warm-up
     started = time.perf_counter()
     got = sdf.mapInPandas(udf, schema).select("query_id", "scene_id", "retrieval_type", "generated_caption").toPandas()
     udf_s = time.perf_counter() - started
     gen = load_generator(current["kind"], current["path"], device="cpu", max_source_len=current["max_source_len"],
                          max_target_len=current["max_target_len"])
     phrases, clauses = transfer_phrases(frame, current.get("propensity_path"))
+    todo = [bool(p) for p in phrases]  # as the UDF: a candidate without a transfer phrase is not generated
     started = time.perf_counter()
-    plain = generate(gen, phrases, frame["factual_caption"].tolist(), **options,
-                     contiguous=clauses if any(clauses) else None)
+    written = generate(gen, [p for p, t in zip(phrases, todo) if t],
+                       [f for f, t in zip(frame["factual_caption"], todo) if t], **options,
+                       contiguous=[c for c, t in zip(clauses, todo) if t] if any(clauses) else None)
     plain_s = time.perf_counter() - started
+    it = iter(written)
+    plain = [next(it) if t else "" for t in todo]
     merged = frame[["query_id", "scene_id", "retrieval_type"]].assign(plain=plain).merge(
         got, on=["query_id", "scene_id", "retrieval_type"])
     same = float((merged["plain"] == merged["generated_caption"]).mean())
     print(f"generate: udf {n / udf_s:.2f} captions/s, plain {n / plain_s:.2f} captions/s, same text {same:.3f}",
           file=sys.stderr)
-    return {"candidates": n, "home": str(args.generate_home), "conf": args.generate_conf,
+    return {"candidates": n, "generated": sum(todo), "home": str(args.generate_home), "conf": args.generate_conf,
             "generator_version": current["version"], "udf_captions_per_s": n / udf_s,
             "plain_captions_per_s": n / plain_s, "udf_s": udf_s, "plain_s": plain_s, "same_text_share": same,
             "decoding": options}
