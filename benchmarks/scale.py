@@ -334,23 +334,8 @@ def copy_factual_vectors(spark, cfg, source_cfg) -> int:
     return merge_rows(spark, cfg, "embeddings", rows)["inserted"]
 
 
-def fresh(cfg) -> None:
-    import shutil
-
-    home = Path(cfg.home).resolve()
-    schema = cfg.tables.schema_name
-    for path in [Path(cfg.tables.location) / schema, home / "state" / f"watermarks.local.{schema}.json",
-                 Path(cfg.sample.dir)]:
-        path = path.resolve()
-        if home not in path.parents:
-            raise ValueError(f"refusing to remove {path}: outside {home}")
-        if path.is_dir():
-            shutil.rmtree(path)
-        elif path.exists():
-            path.unlink()
-
-
-def part_sizes(args, master: str) -> dict:
+def part_sizes(args, master: str) -> tuple[dict, dict]:
+    from benchmarks.e2e_cost import fresh_schema as fresh
     from jobs.embed import embed
     from jobs.ingest import ingest
     from jobs.retrieve import retrieve

@@ -650,8 +650,8 @@ def load_encoder(kind: str, name_or_path: str | None = None, device: str = "auto
 
     ``name_or_path`` defaults to all-MiniLM-L6-v2 for ``sentence`` and is required otherwise. ``device``:
     ``auto`` (the GPU Spark assigned, else CPU), ``cpu`` or ``cuda[:N]``. ``options`` go to the encoder:
-    ``sentence``: max_length, precision (fp32 / bf16 / int8, see :func:`with_precision`); ``oscar``: pooling, max_seq_length, max_img_seq_length,
-    tokenizer_name_or_path, allow_missing_keys; ``clip``: none.
+    ``sentence``: max_length, precision (fp32 / bf16 / int8, see :func:`with_precision`); ``oscar``: pooling,
+    max_seq_length, max_img_seq_length, tokenizer_name_or_path, allow_missing_keys; ``clip``: none.
     """
     if kind not in ENCODER_KINDS:
         raise ValueError(f"unknown encoder kind {kind!r}: allowed are {sorted(ENCODER_KINDS)}")

@@ -11,8 +11,8 @@ Three item kinds go into the ``embeddings`` table (:data:`ITEM_MODALITIES`):
 :func:`embed_partitions` is the ``mapInPandas`` function: the encoder is loaded once per Python worker
 (:func:`udfs.runtime.cached_model`, keyed by kind, checkpoint, options and the device Spark assigned to the task),
 Arrow batches are re-cut into windows of :data:`LENGTH_BUCKET_BATCHES` model batches, whose captions are sorted by
-length before they are cut into model batches of ``batch_size`` (padding to the longest caption of a random batch
-was most of the model's work: benchmarks/results/scale.json), and each input row gives one output row with its
+length before they are cut into model batches of ``batch_size`` (sorted within one batch only, most of the padding
+stayed; the UDF's rate against the plain loop is in benchmarks/results/scale.json), and each input row gives one output row with its
 vector, or with a ``skip_reason`` when that one item cannot be encoded (an unreadable image file, say): one bad
 image never fails the job, it is counted and reported. :func:`embed_batch` is the same work on one pandas frame,
 usable without Spark.
