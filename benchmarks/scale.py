@@ -352,7 +352,8 @@ def part_sizes(args, master: str) -> tuple[dict, dict]:
     write_sample(warm)
     get_spark(warm)
     print("## warm-up (not measured)", file=sys.stderr)
-    ingest(spark, warm), embed(spark, warm), retrieve(spark, warm)
+    for job in (ingest, embed, retrieve):
+        job(spark, warm)
     out: dict[str, Any] = {}
     previous = None
     for n, cfg in configs.items():
@@ -511,9 +512,12 @@ def part_generate(args) -> dict:
 
 # --------------------------------------------------------------------------------------------------------- main
 def main() -> None:
+    from benchmarks.e2e_cost import parse_sizes
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of {PARTS}")
-    parser.add_argument("--sizes", default="10000,100000,1000000")
+    parser.add_argument("--sizes", type=parse_sizes, default=[10000, 100000, 1000000],
+                        help="factual corpus sizes, comma-separated")
     parser.add_argument("--copy-vectors-at", default="1000000", help="sizes whose factual vectors are copied")
     parser.add_argument("--images", type=int, default=4000)
     parser.add_argument("--stylized-per-style", type=int, default=100)
@@ -540,7 +544,6 @@ def main() -> None:
     unknown = sorted(set(parts) - set(PARTS))
     if unknown:
         parser.error(f"unknown parts {unknown}: choose from {PARTS}")
-    args.sizes = sorted(int(s) for s in args.sizes.split(","))
     args.copy_vectors_at = {int(s) for s in args.copy_vectors_at.split(",") if s}
     args.precisions = [p for p in args.precisions.split(",") if p]
     args.udf_precisions = [p for p in args.udf_precisions.split(",") if p]
