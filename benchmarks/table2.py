@@ -44,6 +44,14 @@ def write_results(result: dict[str, Any], out_dir: str | Path) -> dict[str, str]
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    report_dir = result.get("report_dir")
+    captions = Path(report_dir) / "hypotheses.parquet" if report_dir else None
+    if not result.get("modes") and captions is not None and captions.is_file():  # a run from before "modes"
+        import pandas as pd
+
+        from models.experiment_report import caption_modes
+
+        result = {**result, "modes": caption_modes(pd.read_parquet(captions))}
     table2 = [{k: row.get(k) for k in (*ROW_KEYS, "delta_cider_percent", "delta_cls", "delta_cls_independent")
                if k in row} for row in table2_rows(result["rows"])]
     data = {"rows": table2, "leakage": result["leakage"], "not_measured": result["not_measured"],
@@ -55,12 +63,12 @@ def write_results(result: dict[str, Any], out_dir: str | Path) -> dict[str, str]
             "stage_seconds": result.get("stage_seconds"),
             "cells": [{k: row.get(k) for k in ROW_KEYS} for row in result["rows"]],
             "table5": {k: v for k, v in (result.get("table5") or {}).items() if k != "markdown"},
-            "fig5": {k: v for k, v in (result.get("fig5") or {}).items() if k != "markdown"}}
+            "fig5": {k: v for k, v in (result.get("fig5") or {}).items() if k != "markdown"},
+            "modes": result.get("modes") or []}
     json_path = out / "table2.json"
     json_path.write_text(json.dumps(data, indent=2, default=str) + "\n")
     md_path = out / "table2.md"
     md_path.write_text(render_report(result))
-    report_dir = result.get("report_dir")
     for name in ("table2.png", "fig5_size.png"):
         source = Path(report_dir) / name if report_dir else None
         if source is not None and source.is_file():

@@ -17,8 +17,9 @@ which settings.
    by BLEU-1/3, METEOR, CIDEr (one ``CaptionScorer``), cls. by the per-style evaluation classifiers (filter 1 of
    generate), cls. by an *independent* classifier trained here on the half of the train split's images that a hash
    puts in half B (never a filter, so no filter grades its own output), and ppl. under the style's trigram LM.
-5. **Report.** ``report.md`` (Table 2 layout with delta C % and delta cls., Table 5, Fig. 5), ``table2.png``,
-   ``fig5_size.png`` and ``experiment.json`` (rows, leakage, not_measured) as artifacts of the parent run.
+5. **Report.** ``report.md`` (Table 2 layout with delta C % and delta cls., Table 5, Fig. 5, each cell's most
+   frequent captions), ``table2.png``, ``fig5_size.png``, ``experiment.json`` (rows, leakage, not_measured, modes)
+   and ``hypotheses.parquet`` (every cell's scored caption of every test image) as artifacts of the parent run.
 
 A style is *not measured* (listed with the reason) when it has no train pair or fewer than ``min_test_images``
 test images with scene features: e.g. SentiCap's train images have no tags or descriptions on ../shared/data.
@@ -47,8 +48,6 @@ from jobs.tables import read_table
 from jobs.tracking import configure_mlflow, job_run, log_counts
 
 logger = logging.getLogger(__name__)
-
-REPORT_FILES = ("report.md", "experiment.json", "table2.png", "fig5_size.png")
 
 
 @dataclass(frozen=True)
@@ -404,6 +403,7 @@ def score_cells(spark: SparkSession, cfg: ErgConfig, trained: dict[str, dict[str
     e, ev = cfg.experiment, cfg.evaluate
     rows: list[dict[str, Any]] = []
     samples: list[dict[str, Any]] = []
+    captions: list[pd.DataFrame] = []
     with CaptionScorer() as scorer:
         for style in measured:
             mine = {name: info for name, info in trained.items() if info["cell"].style == style}
@@ -417,6 +417,7 @@ def score_cells(spark: SparkSession, cfg: ErgConfig, trained: dict[str, dict[str
             if grader is not None and style in grader["styles"]:
                 hypotheses["independent_probability"] = grade(spark, hypotheses, grader["path"], ev.batch_size,
                                                               ev.device).to_numpy()
+            captions.append(hypotheses)
             for name, group in hypotheses.groupby("variant", sort=False):
                 info = mine[name]
                 cell = info["cell"]
@@ -443,7 +444,7 @@ def score_cells(spark: SparkSession, cfg: ErgConfig, trained: dict[str, dict[str
                                     "references": references[r.image_id][:2]})
     order = {name: i for i, name in enumerate(trained)}
     rows.sort(key=lambda r: order[f"{r['style']}/{r['captioner']}/{r['variant']}"])
-    return rows, samples
+    return rows, samples, pd.concat(captions, ignore_index=True) if captions else pd.DataFrame()
 
 
 def describe_setup(cfg: ErgConfig, generator: dict[str, Any], classifiers: dict[str, Any],
@@ -469,9 +470,9 @@ def describe_setup(cfg: ErgConfig, generator: dict[str, Any], classifiers: dict[
     }
 
 
-def write_report(result: dict[str, Any], folder: Path) -> Path:
-    """Step 7: report.md, experiment.json and the plots, logged as the active run's ``report`` artifacts and kept
-    under ``folder/report``."""
+def write_report(result: dict[str, Any], folder: Path, hypotheses: pd.DataFrame | None = None) -> Path:
+    """Step 7: report.md, experiment.json, the plots and ``hypotheses.parquet`` (every cell's caption of every test
+    image, with its scores), logged as the active run's ``report`` artifacts and kept under ``folder/report``."""
     import mlflow
 
     from models.experiment_report import plot_fig5, plot_table2, render_report
@@ -484,6 +485,8 @@ def write_report(result: dict[str, Any], folder: Path) -> Path:
         plot_table2(result["rows"], out / "table2.png")
         if result.get("fig5", {}).get("points"):
             plot_fig5(result["fig5"]["points"], out / "fig5_size.png")
+        if hypotheses is not None and len(hypotheses):
+            hypotheses.to_parquet(out / "hypotheses.parquet", index=False)
         mlflow.log_artifacts(str(out), "report")
         report_dir.mkdir(parents=True, exist_ok=True)
         for path in out.iterdir():
@@ -497,7 +500,7 @@ def run_experiment(spark: SparkSession, cfg: ErgConfig, *, command: str | None =
 
     from jobs.extract import EVALUATION_CLASSIFIERS
     from jobs.train import check_hparams
-    from models.experiment_report import render_fig5, render_table5, size_curve
+    from models.experiment_report import caption_modes, render_fig5, render_table5, size_curve
 
     e = cfg.experiment
     command = command or _command()
@@ -548,8 +551,8 @@ def run_experiment(spark: SparkSession, cfg: ErgConfig, *, command: str | None =
         grader = fit_independent_classifier(spark, cfg, measured, folder / "independent_classifier")
         lap("independent_classifier")
         trained = train_cells(spark, cfg, cells, data, pool, folder, parent_id, lap)
-        rows, samples = score_cells(spark, cfg, trained, data, measured, classifiers["path"], generator["lm_path"],
-                                    grader)
+        rows, samples, hypotheses = score_cells(spark, cfg, trained, data, measured, classifiers["path"],
+                                                generator["lm_path"], grader)
         data.unpersist()
         lap("decode_and_score")
 
@@ -558,6 +561,7 @@ def run_experiment(spark: SparkSession, cfg: ErgConfig, *, command: str | None =
             "features": data.train_features.description, "rows": rows, "leakage": leakage,
             "not_measured": not_measured, **describe_setup(cfg, generator, classifiers, grader, version is not None),
             "generator_version": generator["version"], "counts": data.counts, "samples": samples,
+            "modes": caption_modes(hypotheses) if len(hypotheses) else [],
             "seconds": time.time() - started, "stage_seconds": stages,
             "erg_run": erg_result.get("parent_run_id") if erg_result else None,
         }
@@ -567,7 +571,7 @@ def run_experiment(spark: SparkSession, cfg: ErgConfig, *, command: str | None =
         if f5 is not None:
             points = size_curve(rows, f5[0], f5[1])
             result["fig5"] = {"captioner": f5[0], "styles": f5[1], "points": points, "markdown": render_fig5(points)}
-        result["report_dir"] = str(write_report(result, folder))
+        result["report_dir"] = str(write_report(result, folder, hypotheses))
         log_counts({**{k: v for k, v in data.counts.items() if isinstance(v, (int, float))},
                     **{f"leakage.{k}": v for k, v in leakage.items()}, "cells": len(cells),
                     **{f"stage_seconds.{k}": v for k, v in stages.items()},

@@ -168,8 +168,39 @@ def plot_fig5(points: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
     return _save(fig, axes, path)
 
 
+def caption_modes(hypotheses, top: int = 3) -> list[dict[str, Any]]:
+    """Per cell (``variant`` = ``style/captioner/data``): how many of its test captions are distinct, and its ``top``
+    most frequent captions with their count and whether the style's evaluation classifier calls them the style
+    (p > 0.5): where cls. moves, this shows which repeated caption moved it. ``hypotheses``: the experiment's
+    ``hypotheses.parquet`` (variant, hypothesis, style_probability)."""
+    out = []
+    for name, group in hypotheses.groupby("variant", sort=False):
+        style, captioner, variant = str(name).split("/", 2)
+        counts = group.groupby("hypothesis").agg(count=("hypothesis", "size"),
+                                                 styled=("style_probability", lambda p: bool((p > 0.5).all())))
+        counts = counts.sort_values(["count"], ascending=False, kind="stable").head(top)
+        out.append({"style": style, "captioner": captioner, "variant": variant, "captions": len(group),
+                    "distinct": int(group["hypothesis"].nunique()),
+                    "top": [{"caption": c, "count": int(r["count"]), "styled": bool(r["styled"])}
+                            for c, r in counts.iterrows()]})
+    return out
+
+
+def render_modes(modes: Sequence[Mapping[str, Any]]) -> str:
+    """The most frequent captions per cell as a markdown table."""
+    lines = ["| style | captioner | data | distinct / captions | most frequent captions (count, cls.) |",
+             "| --- | --- | --- | ---: | --- |"]
+    for m in modes:
+        top = "; ".join(f"{t['caption'].replace('|', '/')} ({t['count']}, {'style' if t['styled'] else 'factual'})"
+                        for t in m["top"])
+        lines.append(f"| {m['style']} | {m['captioner']} | {m['variant']} | {m['distinct']} / {m['captions']} | "
+                     f"{top} |")
+    return "\n".join(lines) + "\n"
+
+
 def render_report(result: Mapping[str, Any]) -> str:
-    """The whole report as markdown: setup, Table 2, Table 5, Fig. 5, leakage, styles not measured, samples."""
+    """The whole report as markdown: setup, Table 2, Table 5, Fig. 5, leakage, styles not measured, the most
+    frequent captions per cell, samples."""
     rows = result["rows"]
     parts = ["# ERG experiment: original vs augmented (paper Table 2, Table 5, Fig. 5)", ""]
     parts += [f"- command: `{result.get('command', '')}`",
@@ -197,6 +228,8 @@ def render_report(result: Mapping[str, Any]) -> str:
     parts += ["## Not measured", ""]
     parts += [f"- {k}: {v}" for k, v in not_measured.items()] or ["- (every style was measured)"]
     parts += [""]
+    if result.get("modes"):
+        parts += ["## Most frequent captions", "", render_modes(result["modes"])]
     samples = result.get("samples") or []
     if samples:
         parts += ["## Samples", "", "| style | captioner | data | image | caption |", "| --- | --- | --- | --- | --- |"]

@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 from jobs.experiment import Cell, plan_cells
-from models.experiment_report import (cider_gain_percent, plot_fig5, plot_table2, render_fig5, render_report,
-                                      render_table2, render_table5, size_curve, table2_rows)
+from models.experiment_report import (caption_modes, cider_gain_percent, plot_fig5, plot_table2, render_fig5,
+                                      render_modes, render_report, render_table2, render_table5, size_curve,
+                                      table2_rows)
 
 
 def row(style: str, captioner: str, variant: str, cider: float, cls: float, pairs: int) -> dict:
@@ -52,6 +53,26 @@ def test_report_and_plots_are_written(tmp_path: Path) -> None:
     assert report.startswith("# ERG experiment") and "- positive: no scene features" in report
     assert plot_table2(rows, tmp_path / "t2.png").read_bytes()[:4] == b"\x89PNG"
     assert plot_fig5(size_curve(rows, "nic", ["humor"]), tmp_path / "f5.png").stat().st_size > 1000
+
+
+def test_caption_modes_count_repeated_captions_and_whether_they_carry_the_style() -> None:
+    import pandas as pd
+
+    hypotheses = pd.DataFrame({
+        "variant": ["romantic/nic/augmented"] * 5 + ["romantic/nic/original"] * 2,
+        "hypothesis": ["a dog runs to catch a frisbee"] * 3 + ["a man rides to show his courage"] * 2
+        + ["a man on a bike , enjoying nature", "two dogs in the grass"],
+        "style_probability": [0.1, 0.2, 0.1, 0.9, 0.95, 0.96, 0.3]})
+    modes = {m["variant"]: m for m in caption_modes(hypotheses, top=1)}
+    augmented = modes["augmented"]
+    assert (augmented["style"], augmented["captioner"], augmented["captions"], augmented["distinct"]) == (
+        "romantic", "nic", 5, 2)
+    assert augmented["top"] == [{"caption": "a dog runs to catch a frisbee", "count": 3, "styled": False}]
+    assert modes["original"]["distinct"] == 2 and len(modes["original"]["top"]) == 1
+    table = render_modes(list(modes.values()))
+    assert "| romantic | nic | augmented | 2 / 5 | a dog runs to catch a frisbee (3, factual) |" in table
+    report = render_report({"rows": [], "modes": list(modes.values())})
+    assert "## Most frequent captions" in report
 
 
 def test_measurable_styles_names_why_a_style_is_left_out() -> None:

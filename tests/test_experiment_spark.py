@@ -20,6 +20,7 @@ import re
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 from planted_tables import append_rows, set_current_scoring
 
@@ -220,7 +221,15 @@ def test_experiment_report_and_mlflow_runs(setup, experiment) -> None:
     parent = client.get_run(experiment["run_id"])
     assert parent.data.tags["erg.job"] == "experiment"
     artifacts = {f.path for f in client.list_artifacts(experiment["run_id"], "report")}
-    assert {"report/report.md", "report/experiment.json", "report/table2.png", "report/fig5_size.png"} <= artifacts
+    assert {"report/report.md", "report/experiment.json", "report/table2.png", "report/fig5_size.png",
+            "report/hypotheses.parquet"} <= artifacts
+    captions = pd.read_parquet(report / "hypotheses.parquet")
+    per_cell = captions.groupby("variant").size()  # variant: the cell, style/captioner/data
+    assert len(per_cell) == len(experiment["rows"])
+    for row in experiment["rows"]:
+        assert per_cell[f"{row['style']}/{row['captioner']}/{row['variant']}"] == row["test_images"]
+    assert sorted(m["captions"] for m in experiment["modes"]) == sorted(r["test_images"] for r in experiment["rows"])
+    assert "## Most frequent captions" in text
     exp = client.get_experiment_by_name(cfg.mlflow.experiment)
     children = client.search_runs([exp.experiment_id], f"tags.`mlflow.parentRunId` = '{experiment['run_id']}'")
     assert len(children) == len(experiment["rows"])
