@@ -46,13 +46,13 @@ TOTAL = "total (wall)"
 
 
 def parse_sizes(text: str) -> list[int]:
-    """``"1000,10000"`` -> ``[1000, 10000]`` (sorted, distinct, positive)."""
+    """``"1000,10000"`` -> ``[1000, 10000]`` (sorted, distinct, positive): sizes, or any list of counts."""
     try:
         sizes = sorted({int(part) for part in text.split(",") if part.strip()})
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--sizes must be comma-separated integers, e.g. 1000,10000; got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, e.g. 1000,10000; got {text!r}")
     if not sizes or sizes[0] < 1:
-        raise argparse.ArgumentTypeError(f"--sizes needs at least one positive size; got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected at least one positive integer; got {text!r}")
     return sizes
 
 
