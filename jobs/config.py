@@ -412,9 +412,9 @@ class TrainConf(_Section):
     grad_clip: float = Field(1.0, ge=0, description="max gradient norm (0 = no clipping)")
     scheduled_sampling: ScheduledSamplingConf = Field(default_factory=ScheduledSamplingConf)
     hparams: dict[str, Any] = Field(default_factory=dict, description="captioner hyper-parameters: nic embed_dim, "
-                                    "hidden_dim, num_layers, dropout; transformer d_model, nhead, num_layers, "
-                                    "dim_feedforward, dropout, max_len; updown embed_dim, hidden_dim, att_dim, "
-                                    "dropout (checked by `erg train`)")
+                                    "hidden_dim, num_layers, dropout, image_norm (0|1); transformer d_model, nhead, "
+                                    "num_layers, dim_feedforward, dropout, max_len; updown embed_dim, hidden_dim, "
+                                    "att_dim, dropout (checked by `erg train`)")
     min_count: int = Field(1, ge=1, description="caption words seen fewer times map to <unk>")
     max_words: int = Field(30, ge=1, description="caption words kept per training caption")
     seed: int = 23

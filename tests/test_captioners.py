@@ -217,3 +217,37 @@ def test_save_and_load_give_the_same_model(kind: str, vocab: CaptionVocab, tmp_p
     torch.testing.assert_close(loaded(features, tokens), model(features, tokens))
     with pytest.raises(ValueError, match="not a saved captioner"):
         load_captioner(tmp_path)
+
+
+def test_nic_feeds_the_image_at_the_scale_of_a_word(vocab: CaptionVocab) -> None:
+    # eight unit-norm 384-d sentence vectors per image (the visual context): pooled and projected, they enter the
+    # LSTM; normalised, their entries are ~1 like a word embedding's, where unnormalised they were ~20x smaller
+    torch.manual_seed(0)
+    regions = torch.nn.functional.normalize(torch.randn(16, 8, 384), dim=-1)
+    normed = build_captioner("nic", 384, vocab, dropout=0.0)
+    plain = build_captioner("nic", 384, vocab, dropout=0.0, image_norm=0)
+    with torch.no_grad():
+        word = normed.embed.weight.std().item()
+        scaled = normed.image_norm(normed.image_proj(regions.mean(dim=1))).std().item()
+        unscaled = plain.image_norm(plain.image_proj(regions.mean(dim=1))).std().item()
+    assert 0.5 * word < scaled < 2 * word
+    assert unscaled < 0.05 * word
+    assert normed.hparams["image_norm"] == 1 and plain.hparams["image_norm"] == 0
+    with pytest.raises(ValueError, match="image_norm must be 0 or 1"):
+        build_captioner("nic", 384, vocab, image_norm=2)
+
+
+def test_nic_saved_before_image_norm_loads_as_it_was(vocab: CaptionVocab, tmp_path) -> None:
+    import json
+
+    model = tiny("nic", vocab)
+    old = build_captioner("nic", 8, vocab, dropout=0.0, image_norm=0, **TINY["nic"])
+    old.load_state_dict({k: v for k, v in model.state_dict().items() if not k.startswith("image_norm.")})
+    save_captioner(old.eval(), tmp_path)
+    config = json.loads((tmp_path / "captioner.json").read_text())
+    del config["hparams"]["image_norm"]  # a captioner.json written before the parameter existed
+    (tmp_path / "captioner.json").write_text(json.dumps(config))
+    loaded = load_captioner(tmp_path)
+    assert loaded.hparams["image_norm"] == 0
+    features = torch.randn(3, 8)
+    assert greedy_decode(loaded, features, "humor", max_len=6) == greedy_decode(old, features, "humor", max_len=6)
