@@ -304,9 +304,10 @@ def retrieve(spark: SparkSession, cfg: ErgConfig, query_filter: DataFrame | None
     Counts: ``queries``, ``queries.<modality>`` (with a vector of it), ``scenes`` (train split),
     ``scenes.non_train_excluded``, ``leakage.*`` (:func:`jobs.leakage.leakage_counts`), ``index.<modality>.size``,
     per type ``<type>.queries``, ``<type>.queries_with_hit``, ``<type>.hits``, ``<type>.hits.<style>``,
-    ``<type>.mean_similarity``; ``retrievals.inserted`` / ``.updated`` / ``.deleted``; ``index.faiss_gpu_fallback`` (:func:`faiss_gpu_fallbacks`);
-    ``index.transport_file``, ``index.payload_bytes``, ``index.<modality>.without_vector``; incremental:
-    ``incremental.new_queries``, ``incremental.new_scenes``, ``incremental.new_scene_hits``, ``retrievals.<inserted|updated|deleted>_by_new_scenes``; ``encoder_version``,
+    ``<type>.mean_similarity``; ``retrievals.inserted`` / ``.updated`` / ``.deleted``;
+    ``index.faiss_gpu_fallback`` (:func:`faiss_gpu_fallbacks`); ``index.transport_file``, ``index.payload_bytes``,
+    ``index.<modality>.without_vector``; incremental: ``incremental.new_queries``, ``incremental.new_scenes``,
+    ``incremental.new_scene_hits``, ``retrievals.<inserted|updated|deleted>_by_new_scenes``; ``encoder_version``,
     ``index_types`` and ``run_id``.
     """
     import mlflow

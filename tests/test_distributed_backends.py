@@ -134,7 +134,7 @@ def test_horovod_backend_without_horovod_names_the_install_script(tmp_path: Path
 
 @pytest.mark.spark
 @pytest.mark.skipif(not HOROVOD, reason="horovod is not installed: build it with scripts/install_horovod.sh "
-                                        "(horovod 0.28.1 from source, ~2 min on 2 cores)")
+                                        "(horovod 0.28.1 from source, 490-590 s on 2 cores)")
 def test_horovod_spark_run_trains_two_gloo_processes(spark, tmp_path: Path) -> None:
     import torch
 
