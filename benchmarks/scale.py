@@ -248,7 +248,7 @@ def recall_at(exact: np.ndarray, approx: np.ndarray) -> float:
 
 def part_retrieval(args) -> dict:
     from jobs.config import load_config
-    from models.scene_index import SceneIndex, build_scene_index
+    from models.scene_index import build_scene_index
 
     conf = load_config("local").retrieve.index
     rng = np.random.default_rng(0)
@@ -267,14 +267,14 @@ def part_retrieval(args) -> dict:
                                   ef_search=conf.ef_search)
         built = time.perf_counter() - started
         print(f"{kind}: built in {built:.1f} s", file=sys.stderr)
-        settings = [dict(index.params)]
+        settings = [index]
         if kind == "ivf":
-            settings += [{**index.params, "nprobe": p} for p in args.ivf_nprobes if p != index.params["nprobe"]]
+            settings += [index.with_search_params(nprobe=p) for p in args.ivf_nprobes if p != index.params["nprobe"]]
         elif kind == "hnsw":
-            settings += [{**index.params, "ef_search": e} for e in args.hnsw_ef_searches
+            settings += [index.with_search_params(ef_search=e) for e in args.hnsw_ef_searches
                          if e != index.params["ef_search"]]
-        for params in settings:
-            setting = SceneIndex(index._cpu_index, ids, kind, params)
+        for setting in settings:
+            params = setting.params
             started = time.perf_counter()
             top[_setting_name(kind, params)] = search_all(setting, queries, 10)
             searched = time.perf_counter() - started
@@ -282,7 +282,7 @@ def part_retrieval(args) -> dict:
                 "kind": kind, "build_s": built, "search_s": searched, "seconds": built + searched,
                 "params": params, "conf_default": params == index.params}
             print(f"{_setting_name(kind, params)}: search {searched:.1f} s", file=sys.stderr)
-        del index
+        del index, settings, setting
     exact = top.pop("flat")
     for name, found in top.items():
         entry = result["indexes"][name]

@@ -195,7 +195,26 @@ class SceneIndex:
         _gpu_fallback_policy(gpu_fallback)
         _apply_search_params(index, index_type, self.params)
         self.gpu_fallback_reason = None
+        self._use_gpu = use_gpu
+        self._gpu_fallback = gpu_fallback
         self._search_index = self._to_gpu(index, gpu_fallback) if use_gpu else index
+
+    def with_search_params(self, **changes: int) -> "SceneIndex":
+        """This index searched with other search parameters: ``nprobe`` for ``ivf``, ``ef_search`` for ``hnsw``.
+
+        The result holds a copy of the Faiss index (trained lists or built graph included, nothing is rebuilt), so
+        this index keeps searching with its own parameters. Build parameters (``nlist``, ``hnsw_m``) cannot change.
+        """
+        allowed = {"ivf": {"nprobe"}, "hnsw": {"ef_search"}}.get(self.index_type, set())
+        unknown = sorted(set(changes) - allowed)
+        if unknown:
+            raise ValueError(
+                f"a {self.index_type} scene index has no search parameter {', '.join(unknown)}; it has "
+                f"{', '.join(sorted(allowed)) or 'none'} (build parameters need build_scene_index)"
+            )
+        params = {**self.params, **{name: _positive_int(value, name) for name, value in changes.items()}}
+        return SceneIndex(faiss.clone_index(self._cpu_index), self.scene_ids, self.index_type, params,
+                          use_gpu=self._use_gpu, gpu_fallback=self._gpu_fallback)
 
     def _to_gpu(self, index: faiss.Index, gpu_fallback: str) -> faiss.Index:
         reason = faiss_gpu_fallback_reason(self.index_type)

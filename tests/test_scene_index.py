@@ -125,6 +125,27 @@ def test_approximate_indexes_with_defaults_recall_on_clustered_vectors(index_typ
         assert default_nlist(3000) == 76
 
 
+def test_with_search_params_searches_a_copy_and_leaves_the_index_as_it_was() -> None:
+    rng = np.random.default_rng(5)
+    vectors, queries = uniform_sphere(rng, 2000, 32), uniform_sphere(rng, 100, 32)
+    ids = scene_ids(2000)
+    exact = build_scene_index(vectors, ids).search(queries, top_k=10, min_similarity=-1.0)
+    narrow = build_scene_index(vectors, ids, index_type="ivf", nlist=16, nprobe=1)
+    before = narrow.search(queries, top_k=10, min_similarity=-1.0)
+    every_list = narrow.with_search_params(nprobe=16)
+
+    assert every_list.params == {"nlist": 16, "nprobe": 16} and narrow.params == {"nlist": 16, "nprobe": 1}
+    assert recall_at(every_list.search(queries, top_k=10, min_similarity=-1.0), exact, 100, 10) == 1.0
+    assert recall_at(before, exact, 100, 10) < 0.6
+    pd.testing.assert_frame_equal(narrow.search(queries, top_k=10, min_similarity=-1.0), before)
+    graph = build_scene_index(vectors, ids, index_type="hnsw", ef_search=16)
+    assert graph.with_search_params(ef_search=64).params["ef_search"] == 64 and graph.params["ef_search"] == 16
+    with pytest.raises(ValueError, match="no search parameter nlist"):
+        narrow.with_search_params(nlist=32)
+    with pytest.raises(ValueError, match="nprobe"):
+        narrow.with_search_params(nprobe=0)
+
+
 @pytest.mark.parametrize("index_type", ["flat", "ivf", "hnsw"])
 def test_serialization_round_trip_gives_identical_results(index_type: str) -> None:
     rng = np.random.default_rng(4)
