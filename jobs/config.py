@@ -206,7 +206,8 @@ class EncoderConf(_Section):
 
 class IndexConf(_Section):
     type: Literal["auto", "flat", "ivf", "hnsw"] = "auto"
-    exact_max_items: int = Field(200_000, ge=1, description="auto uses exact flat IP up to this many scenes")
+    exact_max_items: int = Field(200_000, ge=1, description="auto uses exact flat IP up to this many scenes, "
+                                 "HNSW beyond (IVF where use_gpu: Faiss has no GPU HNSW)")
     nlist: int = Field(1024, ge=1)
     nprobe: int = Field(32, ge=1)
     hnsw_m: int = Field(32, ge=4)

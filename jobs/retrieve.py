@@ -5,7 +5,7 @@ how many were left out is logged as ``scenes.non_train_excluded``) under the enc
 written by ``erg embed``) are collected into two Faiss indexes (:mod:`models.scene_index`): a ``text`` index of the
 stylized captions and an ``image`` index of each scene's image, both under scene ids (only those the configured types
 search). The index type comes from ``retrieve.index`` (``auto``: exact flat inner product up to ``exact_max_items``
-scenes, IVF beyond). Both are serialized and broadcast once (on Spark Connect, which has no broadcast variables,
+scenes, HNSW beyond, IVF where ``use_gpu``). Both are serialized and broadcast once (on Spark Connect, which has no broadcast variables,
 written once as a file under ``retrieve.index_dir`` instead: ``retrieve.index_transport``); the factual queries (each
 factual caption with its caption vector and its image's vector) are partitioned by image and searched in
 ``mapInPandas`` (:func:`udfs.retrieval.retrieval_partitions`) for every type of ``retrieve.types`` (i2i, i2t, t2i,
@@ -87,7 +87,7 @@ def scene_vectors(stylized: DataFrame, vectors: DataFrame, modalities: list[str]
 
 def build_index(scene_ids: list[str], vectors: pd.Series, conf: IndexConf) -> SceneIndex:
     """The scene index of one modality from collected scene ids and vectors, with the type ``conf`` asks for."""
-    index_type = choose_index_type(conf.type, len(scene_ids), conf.exact_max_items)
+    index_type = choose_index_type(conf.type, len(scene_ids), conf.exact_max_items, conf.use_gpu)
     return build_scene_index(
         stack_vectors(vectors, "scene vectors"), scene_ids, index_type,
         nlist=conf.nlist, nprobe=conf.nprobe, hnsw_m=conf.hnsw_m, ef_search=conf.ef_search,

@@ -127,7 +127,8 @@ def test_drop_same_image_hits_reranks_from_one() -> None:
 
 def test_plan_index_choice_and_bad_input() -> None:
     assert choose_index_type("auto", 10, exact_max_items=10) == "flat"
-    assert choose_index_type("auto", 11, exact_max_items=10) == "ivf"
+    assert choose_index_type("auto", 11, exact_max_items=10) == "hnsw"
+    assert choose_index_type("auto", 11, exact_max_items=10, use_gpu=True) == "ivf"
     assert choose_index_type("hnsw", 5, exact_max_items=10) == "hnsw"
     assert exclusion_margin({"s1": "a", "s2": "a", "s3": "b"}) == 2 and exclusion_margin({}) == 0
     with pytest.raises(ValueError, match="unknown index type 'exact'"):
