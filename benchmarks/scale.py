@@ -24,6 +24,10 @@ each part does:
     nprobe / ef_search and at the ``--ivf-nprobes`` / ``--hnsw-ef-searches`` values (the same built index).
   - Reported per setting: recall@10 against exact, and seconds (build + search). ``approx`` is the fastest setting
     with recall@10 >= 0.95.
+- ``retrieval_real``: the same search settings on real vectors, recall only (too small to time): the ``embed``
+  part's real factual captions as queries and its stylized captions as scenes, embedded by all-MiniLM-L6-v2;
+  IVF with ``default_nlist`` lists for that many scenes, so each nprobe probes a larger share of the lists than
+  at 1M x 100K (the share is reported).
 - ``sizes``: the scale corpus of the sample's generator, 10K / 100K / 1M factual captions over a fixed set of
   images and stylized captions. Ingest, embed and retrieve run as jobs on a standalone cluster (1 master + 2 workers
   x 1 core).
@@ -56,7 +60,7 @@ sys.path.insert(0, str(REPO))
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-PARTS = ("kernels", "embed", "retrieval", "sizes", "incremental", "generate")
+PARTS = ("kernels", "embed", "retrieval", "retrieval_real", "sizes", "incremental", "generate")
 DATA = Path(os.environ.get("ERG_DATA", REPO.parent / "shared" / "data"))
 
 
@@ -308,6 +312,33 @@ def part_retrieval(args) -> dict:
                    "exact_s": result["indexes"]["flat"]["seconds"], "approx_s": result["indexes"][best]["seconds"],
                    "approx_recall_at_10": result["indexes"][best]["recall_at_10"]})
     return result
+
+
+def part_retrieval_real(args) -> dict:
+    from jobs.config import load_config
+    from models.encoders import load_encoder
+    from models.scene_index import build_scene_index, default_nlist
+
+    conf = load_config("local").retrieve.index
+    queries, scenes, source = real_captions(args.real_queries)
+    encoder = load_encoder("sentence", device="cpu")
+    query_vectors, scene_vectors = encoder.encode_texts(queries, 64), encoder.encode_texts(scenes, 64)
+    ids = np.array([str(i) for i in range(len(scenes))], dtype=object)
+    exact = search_all(build_scene_index(scene_vectors, ids, "flat"), query_vectors, 10)
+    nlist = default_nlist(len(scenes))
+    ivf = build_scene_index(scene_vectors, ids, "ivf", nlist=nlist, nprobe=conf.nprobe)
+    hnsw = build_scene_index(scene_vectors, ids, "hnsw", hnsw_m=conf.hnsw_m, ef_search=conf.ef_search)
+    settings = [ivf.with_search_params(nprobe=p) for p in sorted({*args.ivf_nprobes, conf.nprobe}) if p <= nlist]
+    settings += [hnsw.with_search_params(ef_search=e) for e in sorted({*args.hnsw_ef_searches, conf.ef_search})]
+    recall = {}
+    for setting in settings:
+        name = _setting_name(setting.index_type, setting.params)
+        recall[name] = recall_at(exact, search_all(setting, query_vectors, 10))
+        print(f"real vectors, {name}: recall@10 {recall[name]:.4f}", file=sys.stderr)
+    return {"queries": len(queries), "scenes": len(scenes), "dim": encoder.dim, "k": 10, "source": source,
+            "vectors": "all-MiniLM-L6-v2 (fp32) of the captions", "nlist": nlist,
+            "probed_share": {f"nprobe{p}": p / nlist for p in sorted({*args.ivf_nprobes, conf.nprobe}) if p <= nlist},
+            "recall_at_10": recall}
 
 
 def _setting_name(kind: str, params: dict[str, int]) -> str:
@@ -569,6 +600,7 @@ def main() -> None:
                         help="IVF nprobe values searched besides conf's (one trained index)")
     parser.add_argument("--hnsw-ef-searches", type=parse_sizes, default=[32],
                         help="HNSW ef_search values searched besides conf's (one built graph)")
+    parser.add_argument("--real-queries", type=int, default=25000, help="real factual captions, retrieval_real")
     parser.add_argument("--incremental-size", type=int, default=100000)
     parser.add_argument("--generate-home", default=str(REPO / ".erg-real"))
     parser.add_argument("--generate-conf", default="shared_data")
@@ -604,6 +636,8 @@ def main() -> None:
         print(f"fp32 matmul peak: {result['matmul_gflops']:.1f} GFLOP/s", file=sys.stderr)
     if "retrieval" in parts:
         record("retrieval", part_retrieval(args))
+    if "retrieval_real" in parts:
+        record("retrieval_real", part_retrieval_real(args))
     cluster_parts = [p for p in parts if p in ("embed", "sizes", "incremental")]
     if cluster_parts:
         from jobs.spark import get_spark

@@ -18,7 +18,7 @@ from pyspark.sql import functions as F
 
 from jobs.config import ErgConfig
 from jobs.tables import merge_rows, read_table
-from jobs.tracking import job_run, log_counts
+from jobs.tracking import job_run, log_counts, step_seconds
 from udfs.embedding import (
     EMBEDDED_SCHEMA,
     INPUT_COLUMNS,
@@ -72,7 +72,8 @@ def embed(spark: SparkSession, cfg: ErgConfig) -> dict:
 
     Counts per item kind: ``items.<kind>``, ``already_embedded.<kind>``, ``to_embed.<kind>``, ``embedded.<kind>``
     (rows inserted), ``skipped.<kind>.no_input`` and ``skipped.<kind>.failed``; ``encoded`` is the number of items
-    the UDF ran the model on (0 on a rerun with nothing new). Also ``encoder_version``, ``dim`` and ``run_id``.
+    the UDF ran the model on (0 on a rerun with nothing new); ``seconds.plan`` / ``.encode`` / ``.merge``
+    (:func:`jobs.tracking.step_seconds`). Also ``encoder_version``, ``dim`` and ``run_id``.
     """
     import mlflow
 
@@ -87,12 +88,14 @@ def embed(spark: SparkSession, cfg: ErgConfig) -> dict:
         )
         flagged = embed_items(spark, cfg, spec.kind).join(existing, ["item_id", "modality"], "left")
         done = F.col("embedded").isNotNull()
-        counts: dict[str, int] = {}
+        counts: dict[str, float] = {}
         for kind in ITEM_MODALITIES:
             for key in ("items", "already_embedded", "to_embed", "embedded"):
                 counts[f"{key}.{kind}"] = 0
             counts[f"skipped.{kind}.no_input"] = counts[f"skipped.{kind}.failed"] = 0
-        for row in flagged.groupBy("item_kind", "has_input", done.alias("done")).count().collect():
+        with step_seconds(counts, "plan"):
+            planned = flagged.groupBy("item_kind", "has_input", done.alias("done")).count().collect()
+        for row in planned:
             counts[f"items.{row.item_kind}"] += row["count"]
             if row.done:
                 counts[f"already_embedded.{row.item_kind}"] += row["count"]
@@ -113,7 +116,9 @@ def embed(spark: SparkSession, cfg: ErgConfig) -> dict:
             out = todo.mapInPandas(embed_partitions(spec), EMBEDDED_SCHEMA).persist(StorageLevel.MEMORY_AND_DISK)
             try:
                 failed = F.col("skip_reason").isNotNull()
-                for row in out.groupBy("item_kind", failed.alias("failed")).count().collect():
+                with step_seconds(counts, "encode"):
+                    encoded = out.groupBy("item_kind", failed.alias("failed")).count().collect()
+                for row in encoded:
                     counts[f"skipped.{row.item_kind}.failed" if row.failed else f"embedded.{row.item_kind}"] = row["count"]
                 if any(counts[f"skipped.{kind}.failed"] for kind in ITEM_MODALITIES):
                     skipped_examples = [r.asDict() for r in out.where(failed)
@@ -123,7 +128,8 @@ def embed(spark: SparkSession, cfg: ErgConfig) -> dict:
                     F.lit(identity.version).alias("encoder_version"), F.lit(run.info.run_id).alias("run_id"),
                     F.current_timestamp().alias("created_at"),
                 )
-                counts["embeddings.inserted"] = merge_rows(spark, cfg, "embeddings", vectors)["inserted"]
+                with step_seconds(counts, "merge"):
+                    counts["embeddings.inserted"] = merge_rows(spark, cfg, "embeddings", vectors)["inserted"]
             finally:
                 out.unpersist()
         log_counts(counts)

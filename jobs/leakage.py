@@ -1,6 +1,7 @@
 """Leakage metrics of the paper's protocol: nothing from a val/test scene or image reaches what ERG trains on.
 
-:func:`leakage_counts` counts, as Spark aggregations over the tables (only the counts reach the driver):
+:func:`leakage_counts` counts, as Spark aggregations over the tables (only the counts reach the driver; the first
+alone over one run's rows: :func:`retrievals_leakage`):
 
 - ``leakage.retrievals_non_train_scene``: ``retrievals`` rows whose target scene is not in the train split
   (val/test scenes are never retrieval targets);
@@ -31,6 +32,18 @@ LEAKAGE_METRICS: tuple[str, ...] = (
 def _table(spark: SparkSession, cfg: ErgConfig, table: str) -> DataFrame | None:
     name = table_name(cfg, table)
     return spark.table(name) if spark.catalog.tableExists(name) else None
+
+
+def retrievals_leakage(spark: SparkSession, cfg: ErgConfig, run_id: str) -> dict[str, int]:
+    """``leakage.retrievals_non_train_scene`` over the ``retrievals`` rows that run ``run_id`` wrote (inserted or
+    re-ranked): what an incremental retrieve checks of its own output. Rows of earlier runs keep their count, since
+    a scene keeps its split once ingested."""
+    stylized, retrievals = _table(spark, cfg, "stylized_captions"), _table(spark, cfg, "retrievals")
+    if stylized is None or retrievals is None:
+        return {"leakage.retrievals_non_train_scene": 0}
+    held_scenes = stylized.where(F.coalesce(F.col("split"), F.lit("")) != "train").select("scene_id")
+    written = retrievals.where(F.col("run_id") == run_id)
+    return {"leakage.retrievals_non_train_scene": int(written.join(held_scenes, "scene_id", "left_semi").count())}
 
 
 def leakage_counts(spark: SparkSession, cfg: ErgConfig) -> dict[str, int]:

@@ -5,18 +5,19 @@ how many were left out is logged as ``scenes.non_train_excluded``) under the enc
 written by ``erg embed``) are collected into two Faiss indexes (:mod:`models.scene_index`): a ``text`` index of the
 stylized captions and an ``image`` index of each scene's image, both under scene ids (only those the configured types
 search). The index type comes from ``retrieve.index`` (``auto``: exact flat inner product up to ``exact_max_items``
-scenes, HNSW beyond, IVF where ``use_gpu``). Both are serialized and broadcast once (on Spark Connect, which has no broadcast variables,
-written once as a file under ``retrieve.index_dir`` instead: ``retrieve.index_transport``); the factual queries (each
-factual caption with its caption vector and its image's vector) are partitioned by image and searched in
-``mapInPandas`` (:func:`udfs.retrieval.retrieval_partitions`) for every type of ``retrieve.types`` (i2i, i2t, t2i,
-t2t), keeping the ``top_k`` hits with similarity > ``min_similarity`` and, with ``exclude_same_image``, none that
-shows the query's own image. The hits replace the searched queries' rows of ``retrievals`` in one MERGE on its key
-(new hits inserted, moved ones re-ranked, those no longer hits deleted: a rerun changes nothing). Incremental
-(``erg retrieve --incremental``, ``erg run --incremental``): only what ``embeddings`` gained since the last
-retrieval is searched; new factual queries against the full index, every other query against an index of the new
-scenes alone, whose hits are merged into the kept top-k (:func:`merged_top_k`).
+scenes, HNSW beyond, IVF where ``use_gpu``). Both are serialized and broadcast once (on Spark Connect, which has no
+broadcast variables, written once as a file under ``retrieve.index_dir`` instead: ``retrieve.index_transport``); the
+factual queries (each factual caption with its caption vector and its image's vector) are partitioned by image and
+searched in ``mapInPandas`` (:func:`udfs.retrieval.retrieval_partitions`) for every type of ``retrieve.types`` (i2i,
+i2t, t2i, t2t), keeping the ``top_k`` hits with similarity > ``min_similarity`` and, with ``exclude_same_image``,
+none that shows the query's own image. The hits replace the searched queries' rows of ``retrievals`` in one MERGE on
+its key (new hits inserted, moved ones re-ranked, those no longer hits deleted: a rerun changes nothing). Incremental
+(``erg retrieve --incremental``, ``erg run --incremental``): only what ``embeddings`` gained since the last retrieval
+is searched; new factual queries against the full index, every other query against an index of the new scenes alone,
+whose hits are merged into the kept top-k (:func:`merged_top_k`).
 
-Logged to MLflow: the leakage counts of :func:`jobs.leakage.leakage_counts` (all 0 on a clean pipeline); the
+Logged to MLflow: the leakage counts of :func:`jobs.leakage.leakage_counts` (all 0 on a clean pipeline; an
+incremental run counts ``leakage.retrievals_non_train_scene`` over the rows it wrote, :func:`retrievals_leakage`); the
 index type, size and build time per modality; ``index.faiss_gpu_fallback`` (1 when ``retrieve.index.use_gpu`` asked
 for a GPU search that Faiss cannot do here, so the indexes search on CPU; with ``retrieve.index.gpu_fallback:
 error`` the job fails instead, before any search); per type the queries, queries with >= 1 hit,
@@ -41,10 +42,10 @@ from pyspark.sql import functions as F
 from jobs.config import ErgConfig, IndexConf
 from jobs.embed import encoder_spec
 from jobs.errors import UserError
-from jobs.leakage import leakage_counts
+from jobs.leakage import leakage_counts, retrievals_leakage
 from jobs.spark import has_spark_context
 from jobs.tables import apply_changes, read_table, table_name
-from jobs.tracking import job_run, log_counts
+from jobs.tracking import job_run, log_counts, step_seconds
 from jobs.watermarks import record_version as record_watermark
 from jobs.watermarks import table_version, watermark_version
 from models.scene_index import SceneIndex, build_scene_index, faiss_gpu_fallback_reason, retrieval_modalities
@@ -308,7 +309,8 @@ def retrieve(spark: SparkSession, cfg: ErgConfig, query_filter: DataFrame | None
     ``index.faiss_gpu_fallback`` (:func:`faiss_gpu_fallbacks`); ``index.transport_file``, ``index.payload_bytes``,
     ``index.<modality>.without_vector``; incremental: ``incremental.new_queries``, ``incremental.new_scenes``,
     ``incremental.new_scene_hits``, ``retrievals.<inserted|updated|deleted>_by_new_scenes``; ``encoder_version``,
-    ``index_types`` and ``run_id``.
+    ``index_types`` and ``run_id``; ``seconds.<step>`` (:func:`jobs.tracking.step_seconds`): ``scene_indexes``,
+    ``queries``, ``search``, ``merge``, ``examples``, ``leakage``, ``new_scenes.search``, ``new_scenes.merge``.
     """
     import mlflow
 
@@ -333,11 +335,12 @@ def retrieve(spark: SparkSession, cfg: ErgConfig, query_filter: DataFrame | None
         all_scenes = read_table(spark, cfg, "stylized_captions")
         stylized = all_scenes.where(F.col("split") == "train").select("scene_id", "image_id", "style")
         targets = target_modalities(conf.types)
-        scenes = scene_vectors(stylized, vectors, targets).toPandas()
+        counts: dict[str, float] = {}
+        with step_seconds(counts, "scene_indexes"):
+            scenes = scene_vectors(stylized, vectors, targets).toPandas()
+            counts.update({"scenes": len(scenes), "scenes.non_train_excluded": all_scenes.count() - len(scenes)})
+            indexes = scene_indexes(scenes, targets, conf.index, counts)
         scene_image_map = dict(zip(scenes["scene_id"], scenes["image_id"]))
-        counts: dict[str, float] = {"scenes": len(scenes),
-                                    "scenes.non_train_excluded": all_scenes.count() - len(scenes)}
-        indexes = scene_indexes(scenes, targets, conf.index, counts)
         for modality in targets:
             if modality not in indexes:
                 raise ValueError(
@@ -357,13 +360,14 @@ def retrieve(spark: SparkSession, cfg: ErgConfig, query_filter: DataFrame | None
         modalities = query_modalities(conf.types)
         factual = read_table(spark, cfg, "factual_captions").select("caption_id", "image_id")
         new_scene_ids: list[str] = []
-        if since is not None:
-            new_scenes, query_filter = split_new(stylized, factual, new)
-            new_scene_ids = [r.scene_id for r in new_scenes.collect()]  # bounded by the stylized corpus
-            counts["incremental.new_scenes"] = len(new_scene_ids)
-        queries = factual_queries(spark, cfg, vectors, modalities, query_filter)
-        have = queries.agg(F.count(F.lit(1)).alias("queries"), F.count("text_vector").alias("text"),
-                           F.count("image_vector").alias("image")).collect()[0]
+        with step_seconds(counts, "queries"):
+            if since is not None:
+                new_scenes, query_filter = split_new(stylized, factual, new)
+                new_scene_ids = [r.scene_id for r in new_scenes.collect()]  # bounded by the stylized corpus
+                counts["incremental.new_scenes"] = len(new_scene_ids)
+            queries = factual_queries(spark, cfg, vectors, modalities, query_filter)
+            have = queries.agg(F.count(F.lit(1)).alias("queries"), F.count("text_vector").alias("text"),
+                               F.count("image_vector").alias("image")).collect()[0]
         counts["queries"] = have["queries"]
         if since is not None:
             counts["incremental.new_queries"] = have["queries"]
@@ -379,18 +383,22 @@ def retrieve(spark: SparkSession, cfg: ErgConfig, query_filter: DataFrame | None
         with shipped_scene_indexes(spark, cfg, payload, run_id, transport) as shipped:
             hits = search_hits(spark, cfg, queries, shipped, plan).persist(StorageLevel.MEMORY_AND_DISK)
             try:
-                per_type, per_type_style = _table5_inputs(hits, stylized)
-                table = table5(per_type, per_type_style, queries_per_type, cfg.styles, conf.types)
-                stats = replace_hits(spark, cfg, as_rows(hits), queries, identity.version)
+                with step_seconds(counts, "search"):
+                    per_type, per_type_style = _table5_inputs(hits, stylized)
+                    table = table5(per_type, per_type_style, queries_per_type, cfg.styles, conf.types)
+                with step_seconds(counts, "merge"):
+                    stats = replace_hits(spark, cfg, as_rows(hits), queries, identity.version)
                 counts.update({f"retrievals.{k}": float(v) for k, v in stats.items()})
-                examples = _examples(hits, spark, cfg, conf.examples_to_log) if conf.examples_to_log else []
+                with step_seconds(counts, "examples"):
+                    examples = _examples(hits, spark, cfg, conf.examples_to_log) if conf.examples_to_log else []
             finally:
                 hits.unpersist()
         if new_scene_ids:  # query_filter: the new queries, which met the full index above
             counts.update(merge_new_scenes(spark, cfg, scenes, new_scene_ids, query_filter, vectors, modalities,
                                            plan, identity.version, run_id, as_rows, transport))
         counts.update(table5_metrics(table))
-        counts.update(leakage_counts(spark, cfg))
+        with step_seconds(counts, "leakage"):  # incremental: what this run wrote (the rest was checked before)
+            counts.update(leakage_counts(spark, cfg) if since is None else retrievals_leakage(spark, cfg, run_id))
         log_counts(counts)
         mlflow.log_dict({"encoder_version": identity.version, "index_types": index_types,
                          "rows": table.replace({np.nan: None}).to_dict("records")}, "table5_counts.json")
@@ -417,14 +425,15 @@ def merge_new_scenes(spark: SparkSession, cfg: ErgConfig, scenes: pd.DataFrame, 
     payload = ScenePayload.of(indexes, dict(zip(scenes["scene_id"], scenes["image_id"])))
     everyone = factual_queries(spark, cfg, vectors, modalities, None)
     old = everyone.join(new_queries.select(F.col("caption_id").alias("query_id")), "query_id", "left_anti")
-    kept = (read_table(spark, cfg, "retrievals").where(F.col("encoder_version") == encoder_version)
-            .join(old.select("query_id"), "query_id", "left_semi"))
+    kept = read_table(spark, cfg, "retrievals").where(F.col("encoder_version") == encoder_version)
     with shipped_scene_indexes(spark, cfg, payload, f"{run_id}-new-scenes", transport) as shipped:
         found = as_rows(search_hits(spark, cfg, old, shipped, small_plan)).persist(StorageLevel.MEMORY_AND_DISK)
         try:
-            counts["incremental.new_scene_hits"] = found.count()
-            changes = merged_top_k(kept, found, plan.top_k)
-            stats = apply_changes(spark, cfg, "retrievals", changes, compare=("rank", "similarity"))
+            with step_seconds(counts, "new_scenes.search"):
+                counts["incremental.new_scene_hits"] = found.count()
+            with step_seconds(counts, "new_scenes.merge"):
+                changes = merged_top_k(kept, found, plan.top_k)
+                stats = apply_changes(spark, cfg, "retrievals", changes, compare=("rank", "similarity"))
         finally:
             found.unpersist()
     counts.update({f"retrievals.{k}_by_new_scenes": float(v) for k, v in stats.items()})

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -58,6 +59,17 @@ def job_run(cfg: ErgConfig, job: str, *, sections: tuple[str, ...] = (), params:
         for start in range(0, len(items), 100):
             mlflow.log_params(dict(items[start:start + 100]))
         yield run
+
+
+@contextlib.contextmanager
+def step_seconds(counts: dict[str, float], step: str) -> Iterator[None]:
+    """Add the wall-clock seconds of the block to ``counts["seconds.<step>"]`` (Spark actions in the block included;
+    lazy work runs in the step whose action triggers it)."""
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        counts[f"seconds.{step}"] = counts.get(f"seconds.{step}", 0.0) + time.perf_counter() - started
 
 
 def log_counts(counts: dict[str, float], step: int | None = None) -> None:
