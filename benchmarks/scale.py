@@ -262,6 +262,18 @@ def recall_at(exact: np.ndarray, approx: np.ndarray) -> float:
     return found / float((exact >= 0).sum() or 1) if k else 0.0
 
 
+def search_settings(index, args, max_nprobe: int | None = None) -> list:
+    """``index`` as built (conf's nprobe / ef_search), then the same index at each other ``--ivf-nprobes`` (up to
+    ``max_nprobe``) or ``--hnsw-ef-searches`` value (:meth:`SceneIndex.with_search_params`); a flat index alone."""
+    if index.index_type == "ivf":
+        return [index] + [index.with_search_params(nprobe=p) for p in args.ivf_nprobes
+                          if p != index.params["nprobe"] and (max_nprobe is None or p <= max_nprobe)]
+    if index.index_type == "hnsw":
+        return [index] + [index.with_search_params(ef_search=e) for e in args.hnsw_ef_searches
+                          if e != index.params["ef_search"]]
+    return [index]
+
+
 def part_retrieval(args) -> dict:
     from jobs.config import load_config
     from models.scene_index import build_scene_index
@@ -283,12 +295,7 @@ def part_retrieval(args) -> dict:
                                   ef_search=conf.ef_search)
         built = time.perf_counter() - started
         print(f"{kind}: built in {built:.1f} s", file=sys.stderr)
-        settings = [index]
-        if kind == "ivf":
-            settings += [index.with_search_params(nprobe=p) for p in args.ivf_nprobes if p != index.params["nprobe"]]
-        elif kind == "hnsw":
-            settings += [index.with_search_params(ef_search=e) for e in args.hnsw_ef_searches
-                         if e != index.params["ef_search"]]
+        settings = search_settings(index, args)
         for setting in settings:
             params = setting.params
             started = time.perf_counter()
@@ -328,16 +335,15 @@ def part_retrieval_real(args) -> dict:
     nlist = default_nlist(len(scenes))
     ivf = build_scene_index(scene_vectors, ids, "ivf", nlist=nlist, nprobe=conf.nprobe)
     hnsw = build_scene_index(scene_vectors, ids, "hnsw", hnsw_m=conf.hnsw_m, ef_search=conf.ef_search)
-    settings = [ivf.with_search_params(nprobe=p) for p in sorted({*args.ivf_nprobes, conf.nprobe}) if p <= nlist]
-    settings += [hnsw.with_search_params(ef_search=e) for e in sorted({*args.hnsw_ef_searches, conf.ef_search})]
+    ivf_settings = search_settings(ivf, args, max_nprobe=nlist)
     recall = {}
-    for setting in settings:
+    for setting in ivf_settings + search_settings(hnsw, args):
         name = _setting_name(setting.index_type, setting.params)
         recall[name] = recall_at(exact, search_all(setting, query_vectors, 10))
         print(f"real vectors, {name}: recall@10 {recall[name]:.4f}", file=sys.stderr)
     return {"queries": len(queries), "scenes": len(scenes), "dim": encoder.dim, "k": 10, "source": source,
             "vectors": "all-MiniLM-L6-v2 (fp32) of the captions", "nlist": nlist,
-            "probed_share": {f"nprobe{p}": p / nlist for p in sorted({*args.ivf_nprobes, conf.nprobe}) if p <= nlist},
+            "probed_share": {f"nprobe{s.params['nprobe']}": s.params["nprobe"] / nlist for s in ivf_settings},
             "recall_at_10": recall}
 
 

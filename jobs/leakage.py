@@ -34,6 +34,11 @@ def _table(spark: SparkSession, cfg: ErgConfig, table: str) -> DataFrame | None:
     return spark.table(name) if spark.catalog.tableExists(name) else None
 
 
+def _non_train(stylized: DataFrame, column: str) -> DataFrame:
+    """``column`` of the stylized rows outside the train split (val, test or no split)."""
+    return stylized.where(F.coalesce(F.col("split"), F.lit("")) != "train").select(column)
+
+
 def retrievals_leakage(spark: SparkSession, cfg: ErgConfig, run_id: str) -> dict[str, int]:
     """``leakage.retrievals_non_train_scene`` over the ``retrievals`` rows that run ``run_id`` wrote (inserted or
     re-ranked): what an incremental retrieve checks of its own output. Rows of earlier runs keep their count, since
@@ -41,9 +46,9 @@ def retrievals_leakage(spark: SparkSession, cfg: ErgConfig, run_id: str) -> dict
     stylized, retrievals = _table(spark, cfg, "stylized_captions"), _table(spark, cfg, "retrievals")
     if stylized is None or retrievals is None:
         return {"leakage.retrievals_non_train_scene": 0}
-    held_scenes = stylized.where(F.coalesce(F.col("split"), F.lit("")) != "train").select("scene_id")
     written = retrievals.where(F.col("run_id") == run_id)
-    return {"leakage.retrievals_non_train_scene": int(written.join(held_scenes, "scene_id", "left_semi").count())}
+    return {"leakage.retrievals_non_train_scene": int(
+        written.join(_non_train(stylized, "scene_id"), "scene_id", "left_semi").count())}
 
 
 def leakage_counts(spark: SparkSession, cfg: ErgConfig) -> dict[str, int]:
@@ -52,9 +57,8 @@ def leakage_counts(spark: SparkSession, cfg: ErgConfig) -> dict[str, int]:
     stylized = _table(spark, cfg, "stylized_captions")
     if stylized is None:
         return counts
-    non_train = F.coalesce(F.col("split"), F.lit("")) != "train"
-    held_scenes = stylized.where(non_train).select("scene_id")
-    held_images = stylized.where(non_train).select("image_id").distinct()
+    held_scenes = _non_train(stylized, "scene_id")
+    held_images = _non_train(stylized, "image_id").distinct()
 
     retrievals = _table(spark, cfg, "retrievals")
     if retrievals is not None:
