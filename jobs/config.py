@@ -425,6 +425,9 @@ class EvaluateConf(_Section):
     split: str = Field("test", description="split of stylized_captions whose images are captioned and scored")
     max_images: Optional[int] = Field(None, ge=1, description="cap on (image, style) pairs per style (null = all)")
     max_len: int = Field(24, ge=4, description="tokens greedy decoding writes at most per caption")
+    no_repeat_ngram_size: int = Field(
+        3, ge=0, description="decoding (greedy and beam) never writes an n-gram of words twice in one caption "
+        "(\"a man in a man in a man\" stops at the second \"a man in\"); 0 = off, the plain argmax")
     batch_size: int = Field(64, ge=1, description="images per decoding / classifier batch on an executor")
     device: str = Field("auto", description="auto | cpu | cuda[:N] for decoding and the style classifier")
     ppl_statistic: Literal["median", "mean"] = Field(
@@ -485,6 +488,10 @@ class ExperimentConf(_Section):
         default_factory=dict, description="per captioner kind, its hyper-parameters (e.g. {nic: {hidden_dim: 256}}); "
         "a kind not listed takes train.hparams if it is train.captioner, else its defaults")
     styles: Optional[list[str]] = Field(None, description="styles measured; null = styles")
+    epochs: dict[str, int] = Field(
+        default_factory=dict, description="per style set, the epochs of its cells (original and augmented alike) "
+        "instead of train.epochs, e.g. {senticap: 20}: a small set gets as many optimizer steps as the recipe needs "
+        "while the large one keeps the hour")
     run_erg: Literal["auto", "always", "never"] = Field(
         "auto", description="run ERG (erg run) first: auto = only when no generator has been trained")
     generator_version: Literal["current", "all"] = Field(
@@ -600,6 +607,13 @@ class ErgConfig(_Section):
         if self.generate.clause_style_sets and self.generate.min_phrase_propensity is None:
             raise ValueError("generate.clause_style_sets needs generate.min_phrase_propensity (the clause starts at "
                              "a style word); set it (e.g. 0.5) or clause_style_sets: []")
+        unknown_sets = [s for s in e.epochs if s not in self.style_sets]
+        if unknown_sets:
+            raise ValueError(f"experiment.epochs names {unknown_sets}, which are not style sets: "
+                             f"sets are {sorted(self.style_sets)}")
+        bad = {s: n for s, n in e.epochs.items() if isinstance(n, bool) or not isinstance(n, int) or n < 1}
+        if bad:
+            raise ValueError(f"experiment.epochs: {bad} must be whole numbers of epochs >= 1")
         for key, section in (("table5", e.table5), ("fig5", e.fig5)):
             if section.style_set is not None and section.style_set not in self.style_sets:
                 raise ValueError(f"experiment.{key}.style_set {section.style_set!r} is not a style set: "

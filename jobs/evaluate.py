@@ -134,7 +134,8 @@ def evaluate(spark: SparkSession, cfg: ErgConfig) -> dict[str, Any]:
                                                                                        "references").collect()}
         partitions = max(1, min(default_parallelism(spark), n_todo // e.batch_size + 1))
         evaluator = make_captioner_evaluator({v: info["path"] for v, info in captioners.items()},
-                                             classifier["path"], lm_path, e.max_len, e.batch_size, e.device)
+                                             classifier["path"], lm_path, e.max_len, e.batch_size, e.device,
+                                             e.no_repeat_ngram_size)
         hypotheses = (todo.select("image_id", "style", "features", "n_regions").repartition(partitions, "image_id")
                       .mapInPandas(evaluator, HYPOTHESIS_DDL).toPandas())
         reranked = (rerank_beams(spark, cfg, todo, captioners, classifier["path"], lm_path, partitions)

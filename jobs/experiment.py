@@ -104,9 +104,20 @@ def plan_cells(table2_styles: list[str], captioners: list[str], table5: tuple[st
     return list(cells.values())
 
 
-def _with_captioner(cfg: ErgConfig, captioner: str) -> ErgConfig:
-    """``cfg`` training ``captioner`` (its ``experiment.hparams`` entry, or ``train.hparams`` for the conf's own)."""
+def cell_epochs(cfg: ErgConfig, style: str) -> int:
+    """Epochs of a cell of ``style``: its style set's ``experiment.epochs`` entry, else ``train.epochs``."""
+    for name, members in cfg.style_sets.items():
+        if style in members and name in cfg.experiment.epochs:
+            return cfg.experiment.epochs[name]
+    return cfg.train.epochs
+
+
+def _with_captioner(cfg: ErgConfig, captioner: str, style: str | None = None) -> ErgConfig:
+    """``cfg`` training ``captioner`` (its ``experiment.hparams`` entry, or ``train.hparams`` for the conf's own),
+    for ``style``'s epochs (:func:`cell_epochs`) when given."""
     out = cfg.model_copy(deep=True)
+    if style is not None:
+        out.train.epochs = cell_epochs(cfg, style)
     hparams = cfg.experiment.hparams.get(captioner)
     if hparams is None:
         hparams = dict(cfg.train.hparams) if captioner == cfg.train.captioner else {}
@@ -360,7 +371,7 @@ def train_cells(spark: SparkSession, cfg: ErgConfig, cells: list[Cell], data: Ex
 
     configs, planned = [], []
     for cell in cells:
-        cell_cfg = _with_captioner(cfg, cell.captioner)
+        cell_cfg = _with_captioner(cfg, cell.captioner, cell.style)
         frame, n_orig, n_aug = cell_pairs(data.pairs_ok, cell, pool, data.available)
         cell_dir = folder / "cells" / cell.name.replace("/", "__").replace(":", "_").replace("@", "_at_")
         config, _, _ = snapshot_config(spark, cell_cfg, frame, cell_dir, data.train_features.regions)
@@ -386,6 +397,7 @@ def train_cells(spark: SparkSession, cfg: ErgConfig, cells: list[Cell], data: Ex
         trained[cell.name] = {"cell": cell, "run_id": child.info.run_id, "train_pairs": n_orig + n_aug,
                               "train_pairs_original": n_orig, "train_pairs_augmented": n_aug,
                               "path": str(cell_dir / "model"), "train_seconds": summary["seconds"],
+                              "epochs": cell_cfg.train.epochs,
                               "loss_last": summary["loss_last"]}
     lap("child_runs")
     return trained
@@ -411,7 +423,8 @@ def score_cells(spark: SparkSession, cfg: ErgConfig, trained: dict[str, dict[str
             references = {r.image_id: list(r.references) for r in todo.select("image_id", "references").collect()}
             parts = max(1, min(default_parallelism(spark), len(references) // ev.batch_size + 1))
             evaluator = make_captioner_evaluator({n: info["path"] for n, info in mine.items()}, classifiers_path,
-                                                 lm_path, ev.max_len, ev.batch_size, ev.device)
+                                                 lm_path, ev.max_len, ev.batch_size, ev.device,
+                                                 ev.no_repeat_ngram_size)
             hypotheses = (todo.select("image_id", "style", "features", "n_regions")
                           .repartition(parts, "image_id").mapInPandas(evaluator, HYPOTHESIS_DDL).toPandas())
             if grader is not None and style in grader["styles"]:
@@ -433,7 +446,7 @@ def score_cells(spark: SparkSession, cfg: ErgConfig, trained: dict[str, dict[str
                        "train_pairs": info["train_pairs"],
                        "train_pairs_original": info["train_pairs_original"],
                        "train_pairs_augmented": info["train_pairs_augmented"], "test_images": len(group),
-                       "run_id": info["run_id"], "train_seconds": info["train_seconds"]}
+                       "run_id": info["run_id"], "train_seconds": info["train_seconds"], "epochs": info["epochs"]}
                 rows.append(row)
                 _log_child_metrics(info["run_id"], {k: row[k] for k in ("bleu1", "bleu3", "meteor", "cider", "cls",
                                                                          "cls_independent", "ppl", "ppl_nonfinite",
@@ -458,7 +471,8 @@ def describe_setup(cfg: ErgConfig, generator: dict[str, Any], classifiers: dict[
            if e.max_augmented_pairs else ", all of them"),
         "test_source": f"test split, {'all' if not e.max_test_images else f'at most {e.max_test_images}'} "
                        "images per style, references = the image's stylized captions of that style",
-        "training": (f"per style and captioner, {t.optimizer} lr {t.lr}, batch {t.batch_size}, {t.epochs} epochs, "
+        "training": (f"per style and captioner, {t.optimizer} lr {t.lr}, batch {t.batch_size}, {t.epochs} epochs"
+                     + "".join(f" ({n} for {s})" for s, n in e.epochs.items()) + ", "
                      f"scheduled sampling {t.scheduled_sampling.increase} every {t.scheduled_sampling.every_epochs} "
                      f"epochs (max {t.scheduled_sampling.max}), {t.backend} x {t.num_processes}"),
         "cls_source": (f"evaluation classifiers {classifiers['version']} ({classifiers.get('kind')}, also "

@@ -35,7 +35,8 @@ def rerank_beams(spark: SparkSession, cfg: ErgConfig, pairs: DataFrame, captione
     todo = pairs.select(*columns).join(context, "image_id")
     reranker = make_beam_reranker({v: info["path"] for v, info in captioners.items()}, classifiers_path, lm_path,
                                   visual_options(vr.encoder, vr.label_mode, vr.top_labels, e.batch_size),
-                                  e.beam_size, e.max_len, e.length_penalty, e.batch_size, e.device)
+                                  e.beam_size, e.max_len, e.length_penalty, e.batch_size, e.device,
+                                  e.no_repeat_ngram_size)
     return todo.repartition(partitions, "image_id").mapInPandas(reranker, RERANK_DDL).toPandas()
 
 

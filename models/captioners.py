@@ -351,13 +351,37 @@ def _never_emitted(vocab: CaptionVocab, device: torch.device) -> torch.Tensor:
     return torch.tensor([vocab.pad_id, vocab.bos_id, vocab.unk_id, *vocab.style_ids], device=device)
 
 
+def _repeated_ngram_bans(tokens: torch.Tensor, n: int) -> list[tuple[int, int]]:
+    """``(row, token)`` pairs that would repeat an ``n``-gram already in the row's caption words (the tokens after
+    the ``<style> <bos>`` prefix): the token after every earlier occurrence of the row's last ``n - 1`` words.
+    ``n`` 0 bans nothing."""
+    if n < 1 or tokens.shape[1] - PREFIX_LENGTH < n - 1:
+        return []
+    bans = []
+    for row, ids in enumerate(tokens[:, PREFIX_LENGTH:].tolist()):
+        if len(ids) < n - 1:
+            continue
+        tail = tuple(ids[len(ids) - n + 1:]) if n > 1 else ()
+        for start in range(len(ids) - n + 1):
+            if tuple(ids[start:start + n - 1]) == tail:
+                bans.append((row, ids[start + n - 1]))
+    return bans
+
+
+def _ban(logits: torch.Tensor, bans: list[tuple[int, int]]) -> None:
+    if bans:
+        rows, cols = zip(*bans)
+        logits[list(rows), list(cols)] = float("-inf")
+
+
 def greedy_decode(model: Captioner, features: torch.Tensor, style: str | Sequence[str], max_len: int = 20,
-                  region_padding_mask: torch.Tensor | None = None) -> list[str]:
+                  region_padding_mask: torch.Tensor | None = None, no_repeat_ngram_size: int = 0) -> list[str]:
     """Greedy captions for a batch of images in ``style`` (one style for all, or one per image).
 
     At most ``max_len`` tokens are generated per image (``<eos>`` included); ``<pad>``, ``<bos>`` and style tokens
-    and ``<unk>`` are never emitted (a caption is scored and read as words). The model's train/eval mode is
-    restored afterwards.
+    and ``<unk>`` are never emitted (a caption is scored and read as words); with ``no_repeat_ngram_size`` n > 0,
+    no n-gram of words is written twice in a caption ("a man in a man in a man" stops at its second "a man in").
+    The model's train/eval mode is restored afterwards.
     """
     vocab = model.vocab
     if max_len < 1:
@@ -383,6 +407,7 @@ def greedy_decode(model: Captioner, features: torch.Tensor, style: str | Sequenc
             for _ in range(max_len):
                 logits = model(features, tokens, region_padding_mask)[:, -1]
                 logits[:, banned] = float("-inf")
+                _ban(logits, _repeated_ngram_bans(tokens, no_repeat_ngram_size))
                 next_ids = logits.argmax(dim=-1).masked_fill(finished, vocab.pad_id)
                 tokens = torch.cat([tokens, next_ids.unsqueeze(1)], dim=1)
                 finished |= next_ids == vocab.eos_id
@@ -395,15 +420,16 @@ def greedy_decode(model: Captioner, features: torch.Tensor, style: str | Sequenc
 
 def beam_decode(model: Captioner, features: torch.Tensor, style: str | Sequence[str], beam_size: int = 5,
                 max_len: int = 20, length_penalty: float = 1.0,
-                region_padding_mask: torch.Tensor | None = None) -> list[list[tuple[str, float]]]:
+                region_padding_mask: torch.Tensor | None = None,
+                no_repeat_ngram_size: int = 0) -> list[list[tuple[str, float]]]:
     """Beam search: for each image, up to ``beam_size`` distinct captions in ``style`` with their scores, best first.
 
     A caption's score is its summed token log-probability (``<eos>`` included when it ended) divided by
     ``length ** length_penalty`` (0: the plain sum). A beam stops when it writes ``<eos>`` among the ``beam_size``
     best continuations; an image is done when ``beam_size`` captions have ended and no open beam can beat them (or
     after ``max_len`` tokens, when the open beams are kept as they stand).
-    ``<pad>``, ``<bos>``, style tokens and ``<unk>`` are never emitted; with ``beam_size`` 1 the first caption is the
-    greedy one.
+    ``<pad>``, ``<bos>``, style tokens and ``<unk>`` are never emitted; ``no_repeat_ngram_size`` as in
+    :func:`greedy_decode`; with ``beam_size`` 1 the first caption is the greedy one.
     """
     vocab = model.vocab
     if isinstance(beam_size, bool) or not isinstance(beam_size, int) or beam_size < 1:
@@ -439,6 +465,7 @@ def beam_decode(model: Captioner, features: torch.Tensor, style: str | Sequence[
             for step in range(max_len):
                 logits = model(feats, tokens, mask)[:, -1]
                 logits[:, banned] = float("-inf")
+                _ban(logits, _repeated_ngram_bans(tokens, no_repeat_ngram_size))
                 logp = torch.log_softmax(logits.float(), dim=-1).view(batch, k, -1)
                 total = (scores.unsqueeze(-1) + logp).view(batch, -1)
                 top_scores, top_ids = total.topk(min(2 * k, total.shape[1]), dim=-1)

@@ -251,3 +251,28 @@ def test_nic_saved_before_image_norm_loads_as_it_was(vocab: CaptionVocab, tmp_pa
     assert loaded.hparams["image_norm"] == 0
     features = torch.randn(3, 8)
     assert greedy_decode(loaded, features, "humor", max_len=6) == greedy_decode(old, features, "humor", max_len=6)
+
+
+def _ngrams(caption: str, n: int) -> list[tuple[str, ...]]:
+    words = caption.split()
+    return [tuple(words[i:i + n]) for i in range(len(words) - n + 1)]
+
+
+@pytest.mark.parametrize("kind", ["nic", "transformer"])
+def test_no_repeat_ngram_size_blocks_loops(kind: str, vocab: CaptionVocab) -> None:
+    model = tiny(kind, vocab)
+    with torch.no_grad():  # a planted loop: "a" then "dog" are every step's most likely words
+        model.out.bias[vocab.encode("a", "humor")[2]] = 80.0
+        model.out.bias[vocab.encode("dog", "humor")[2]] = 60.0
+    features = torch.randn(2, 8)
+    plain = greedy_decode(model, features, "humor", max_len=8)
+    assert plain[0].split() == ["a"] * 8  # the loop, unblocked
+    for n in (1, 2, 3):
+        greedy = greedy_decode(model, features, "humor", max_len=8, no_repeat_ngram_size=n)
+        beams = beam_decode(model, features, "humor", beam_size=3, max_len=8, no_repeat_ngram_size=n)
+        written = greedy + [caption for candidates in beams for caption, _ in candidates]
+        for caption in written:
+            grams = _ngrams(caption, n)
+            assert len(grams) == len(set(grams)), (n, caption)
+        # the n-th "a" in a row would repeat an n-gram: blocking moves on to the next best word
+        assert greedy[0].split()[:n + 1] == ["a"] * n + ["dog"]

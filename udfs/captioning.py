@@ -47,7 +47,7 @@ def region_layout(features, frame: pd.DataFrame, feature_dim: int):
 
 
 def caption_batch(frame: pd.DataFrame, captioners: Mapping[str, object], classifiers, lms,
-                  max_len: int) -> pd.DataFrame:
+                  max_len: int, no_repeat_ngram_size: int = 0) -> pd.DataFrame:
     """Greedy captions of ``frame``'s images by every captioner in its row's style, scored; one row per variant."""
     import torch
 
@@ -59,7 +59,8 @@ def caption_batch(frame: pd.DataFrame, captioners: Mapping[str, object], classif
     parts = []
     for variant, model in captioners.items():
         regions, mask = region_layout(features, frame, model.feature_dim)
-        hypotheses = greedy_decode(model, regions, styles, max_len=max_len, region_padding_mask=mask)
+        hypotheses = greedy_decode(model, regions, styles, max_len=max_len, region_padding_mask=mask,
+                                   no_repeat_ngram_size=no_repeat_ngram_size)
         scored = score_captions(hypotheses, styles, classifiers, lms, batch_size=max(1, len(hypotheses)))
         parts.append(pd.concat([pd.DataFrame({"variant": variant, "image_id": frame["image_id"].to_numpy(),
                                               "style": styles, "hypothesis": hypotheses}), scored], axis=1))
@@ -67,7 +68,8 @@ def caption_batch(frame: pd.DataFrame, captioners: Mapping[str, object], classif
 
 
 def make_captioner_evaluator(captioner_paths: Mapping[str, str], classifiers_path: str, lm_path: str, max_len: int,
-                             batch_size: int, device: str) -> Callable[[Iterator[pd.DataFrame]], Iterator[pd.DataFrame]]:
+                             batch_size: int, device: str,
+                             no_repeat_ngram_size: int = 0) -> Callable[[Iterator[pd.DataFrame]], Iterator[pd.DataFrame]]:
     """mapInPandas function: ``image_id, style, features`` -> :data:`HYPOTHESIS_DDL` rows, one per variant.
 
     ``captioner_paths`` maps a variant name to a folder written by :func:`models.captioners.save_captioner`;
@@ -86,6 +88,6 @@ def make_captioner_evaluator(captioner_paths: Mapping[str, str], classifiers_pat
                       for variant, path in paths.items()}
         classifiers, lms = cached_caption_scoring(classifiers_path, lm_path, dev)
         for frame in rebatch(frames, batch_size):
-            yield caption_batch(frame, captioners, classifiers, lms, max_len)
+            yield caption_batch(frame, captioners, classifiers, lms, max_len, no_repeat_ngram_size)
 
     return evaluate_batches

@@ -46,7 +46,7 @@ def pick_visual(relatedness: np.ndarray) -> int:
 
 
 def rerank_batch(frame: pd.DataFrame, captioners: Mapping[str, object], scorer, classifiers, lms, beam_size: int,
-                 max_len: int, length_penalty: float) -> pd.DataFrame:
+                 max_len: int, length_penalty: float, no_repeat_ngram_size: int = 0) -> pd.DataFrame:
     """Beam candidates of ``frame``'s images by every captioner, the beam's pick and the visual pick per image."""
     import torch
 
@@ -62,7 +62,8 @@ def rerank_batch(frame: pd.DataFrame, captioners: Mapping[str, object], scorer, 
     for variant, model in captioners.items():
         regions, mask = _regions(features, frame, model.feature_dim)
         beams = beam_decode(model, regions, styles, beam_size=beam_size, max_len=max_len,
-                            length_penalty=length_penalty, region_padding_mask=mask)
+                            length_penalty=length_penalty, region_padding_mask=mask,
+                            no_repeat_ngram_size=no_repeat_ngram_size)
         flat = [(i, rank, caption) for i, candidates in enumerate(beams) for rank, (caption, _) in enumerate(candidates)]
         scores = scorer.score([c for _, _, c in flat], [tags[i] for i, _, _ in flat], [conf[i] for i, _, _ in flat])
         start = 0
@@ -83,7 +84,7 @@ def rerank_batch(frame: pd.DataFrame, captioners: Mapping[str, object], scorer, 
 
 def make_beam_reranker(captioner_paths: Mapping[str, str], classifiers_path: str, lm_path: str | None, visual: dict,
                        beam_size: int, max_len: int, length_penalty: float, batch_size: int,
-                       device: str) -> Callable[[Iterator[pd.DataFrame]], Iterator[pd.DataFrame]]:
+                       device: str, no_repeat_ngram_size: int = 0) -> Callable[[Iterator[pd.DataFrame]], Iterator[pd.DataFrame]]:
     """mapInPandas function: ``image_id, style, features, tags, tags_confidence`` -> :data:`RERANK_DDL` rows.
 
     ``visual`` is :func:`udfs.visual_relatedness.visual_options`; the other arguments as for
@@ -104,6 +105,7 @@ def make_beam_reranker(captioner_paths: Mapping[str, str], classifiers_path: str
         scorer = cached_relatedness_scorer(visual, dev)
         for frame in rebatch(frames, batch_size):
             if not frame.empty:
-                yield rerank_batch(frame, captioners, scorer, classifiers, lms, beam_size, max_len, length_penalty)
+                yield rerank_batch(frame, captioners, scorer, classifiers, lms, beam_size, max_len, length_penalty,
+                                   no_repeat_ngram_size)
 
     return rerank_batches
