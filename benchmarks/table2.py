@@ -35,12 +35,12 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 ROW_KEYS = ("style", "captioner", "variant", "bleu1", "bleu3", "meteor", "cider", "cls", "cls_independent", "ppl",
-            "train_pairs", "train_pairs_original", "train_pairs_augmented", "test_images")
+            "train_pairs", "train_pairs_original", "train_pairs_augmented", "test_images", "epochs")
 
 
 def write_results(result: dict[str, Any], out_dir: str | Path) -> dict[str, str]:
     """``table2.json`` and ``table2.md`` (plus the report's PNGs) from an experiment's result into ``out_dir``."""
-    from models.experiment_report import render_report, table2_rows
+    from models.experiment_report import render_report, table2_rows, table2_summary
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -60,7 +60,7 @@ def write_results(result: dict[str, Any], out_dir: str | Path) -> dict[str, str]
             "training": result.get("training"), "cls_source": result.get("cls_source"),
             "ppl_source": result.get("ppl_source"), "generator_version": result.get("generator_version"),
             "experiment_run_id": result.get("run_id"), "seconds": result.get("seconds"),
-            "stage_seconds": result.get("stage_seconds"),
+            "stage_seconds": result.get("stage_seconds"), "summary": table2_summary(result["rows"]),
             "cells": [{k: row.get(k) for k in ROW_KEYS} for row in result["rows"]],
             "table5": {k: v for k, v in (result.get("table5") or {}).items() if k != "markdown"},
             "fig5": {k: v for k, v in (result.get("fig5") or {}).items() if k != "markdown"},

@@ -53,6 +53,34 @@ def table2_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def table2_summary(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """How augmenting moved CIDEr and cls. over the Table 2 cells (style x captioner): ``cells``, ``cider_up``,
+    ``cls_up`` / ``cls_equal`` / ``cls_down`` (cls. as printed, to 0.1 point), and per style the captioners whose
+    cls. rose (``cls_up_by_style``) and whether it rose with every captioner (``cls_up_every_captioner``)."""
+    pairs = [r for r in table2_rows(rows) if r["variant"] == "augmented" and "delta_cls" in r]
+    moved = [round(r["delta_cls"], 1) for r in pairs]
+    by_style: dict[str, list[str]] = {}
+    for r, delta in zip(pairs, moved):
+        by_style.setdefault(r["style"], [])
+        if delta > 0:
+            by_style[r["style"]].append(r["captioner"])
+    captioners = {s: sum(1 for r in pairs if r["style"] == s) for s in by_style}
+    return {"cells": len(pairs),
+            "cider_up": sum(1 for r in pairs if r.get("delta_cider_percent", math.nan) > 0),
+            "cls_up": sum(1 for d in moved if d > 0), "cls_equal": sum(1 for d in moved if d == 0),
+            "cls_down": sum(1 for d in moved if d < 0), "cls_up_by_style": by_style,
+            "cls_up_every_captioner": {s: len(up) == captioners[s] for s, up in by_style.items()}}
+
+
+def render_summary(summary: Mapping[str, Any]) -> str:
+    """One sentence per count of :func:`table2_summary`."""
+    styles = ", ".join(f"{s} ({'every captioner' if summary['cls_up_every_captioner'][s] else ', '.join(up) or 'none'})"
+                       for s, up in summary["cls_up_by_style"].items())
+    return (f"Augmented vs original over {summary['cells']} cells: CIDEr up in {summary['cider_up']}; cls. up in "
+            f"{summary['cls_up']}, equal in {summary['cls_equal']}, down in {summary['cls_down']}. cls. up by style: "
+            f"{styles}.\n")
+
+
 def render_table2(rows: Sequence[Mapping[str, Any]]) -> str:
     """Table 2 as markdown: per style and captioner, original then augmented with delta C % and delta cls."""
     lines = ["| style | captioner | data | " + " | ".join(HEADERS[m] for m in METRICS)
@@ -215,7 +243,7 @@ def render_report(result: Mapping[str, Any]) -> str:
         parts += [f"- time: {result['seconds']:.0f}s ({stages})"]
     parts += [""]
     parts += ["## Table 2", "", "Metrics x 100 except ppl.; ΔC % is relative, Δcls. in points.", "",
-              render_table2(rows)]
+              render_table2(rows), render_summary(table2_summary(rows))]
     t5 = result.get("table5") or {}
     if t5.get("markdown"):
         parts += [f"## Table 5 ({t5['captioner']}, {', '.join(t5['styles'])})", "", t5["markdown"]]

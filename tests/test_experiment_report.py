@@ -121,3 +121,18 @@ def test_cell_epochs_follow_the_style_set_override() -> None:
         load_config("test", ["experiment.epochs={senti: 7}"])
     with pytest.raises(ConfigError, match="experiment.epochs"):
         load_config("test", ["experiment.epochs={senticap: 0}"])
+
+
+def test_table2_summary_counts_the_cells_that_moved() -> None:
+    from models.experiment_report import render_summary, table2_summary
+
+    rows = [row("humor", "nic", "original", 0.30, 0.80, 100), row("humor", "nic", "augmented", 0.33, 0.85, 120),
+            row("humor", "transformer", "original", 0.40, 0.50, 100),
+            row("humor", "transformer", "augmented", 0.38, 0.5004, 120),
+            row("positive", "nic", "original", 0.10, 1.0, 50), row("positive", "nic", "augmented", 0.20, 0.99, 70)]
+    summary = table2_summary(rows)
+    assert summary == {"cells": 3, "cider_up": 2, "cls_up": 1, "cls_equal": 1, "cls_down": 1,
+                       "cls_up_by_style": {"humor": ["nic"], "positive": []},
+                       "cls_up_every_captioner": {"humor": False, "positive": False}}
+    assert "CIDEr up in 2; cls. up in 1, equal in 1, down in 1" in render_summary(summary)
+    assert "humor (nic), positive (none)" in render_summary(summary)
