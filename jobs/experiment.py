@@ -539,6 +539,7 @@ def run_experiment(spark: SparkSession, cfg: ErgConfig, *, command: str | None =
         mlflow.log_params({"styles": json.dumps(styles), "captioners": json.dumps(e.captioners),
                            "features": cfg.train.features, "generator_version": e.generator_version,
                            "max_augmented_pairs": str(e.max_augmented_pairs), "epochs": cfg.train.epochs,
+                           "epochs_by_style_set": json.dumps(e.epochs),
                            "max_test_images": str(e.max_test_images)})
         folder = model_dir(cfg, "experiment", parent_id)
         folder.mkdir(parents=True, exist_ok=True)
