@@ -48,10 +48,6 @@ class TablesConf(_Section):
     location: Optional[str] = Field(None, description="root folder of the Delta tables; null = managed tables")
     auto_optimize: bool = Field(True, description="optimized writes and auto compaction on every table "
                                 "(delta.autoOptimize.*), so that a small table stays a few files")
-    deletion_vectors: bool = Field(
-        True, description="MERGE / UPDATE / DELETE mark the rows they change in deletion vectors "
-        "(delta.enableDeletionVectors) instead of rewriting every file they touch: an incremental retrieve re-ranks "
-        "hits spread over the whole retrievals table. Readers need Delta Lake >= 2.3 (Databricks Runtime >= 12.2)")
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 

@@ -152,8 +152,6 @@ def ensure_table(spark: SparkSession, cfg: ErgConfig, table: str) -> str:
     properties = {"delta.enableChangeDataFeed": "true"}
     if cfg.tables.auto_optimize:
         properties.update({"delta.autoOptimize.optimizeWrite": "true", "delta.autoOptimize.autoCompact": "true"})
-    if cfg.tables.deletion_vectors:
-        properties["delta.enableDeletionVectors"] = "true"
     if not spark.catalog.tableExists(name):
         spark.sql(
             f"CREATE TABLE IF NOT EXISTS {name} ({columns}) USING DELTA{where} "

@@ -40,7 +40,6 @@ def test_tables_compact_themselves_so_a_small_table_stays_a_few_files(spark, fre
     name = table_name(fresh_cfg, "stylized_captions")
     props = {r.key: r.value for r in spark.sql(f"SHOW TBLPROPERTIES {name}").collect()}
     assert props["delta.autoOptimize.autoCompact"] == "true" and props["delta.autoOptimize.optimizeWrite"] == "true"
-    assert props["delta.enableDeletionVectors"] == "true"
     now = dt.datetime(2026, 1, 1)
     spark.conf.set("spark.databricks.delta.autoCompact.minNumFiles", "4")
     try:
