@@ -11,7 +11,7 @@ import os
 import re
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -488,7 +488,7 @@ class ExperimentConf(_Section):
         default_factory=dict, description="per captioner kind, its hyper-parameters (e.g. {nic: {hidden_dim: 256}}); "
         "a kind not listed takes train.hparams if it is train.captioner, else its defaults")
     styles: Optional[list[str]] = Field(None, description="styles measured; null = styles")
-    epochs: dict[str, int] = Field(
+    epochs: dict[str, Annotated[int, Field(strict=True, ge=1)]] = Field(
         default_factory=dict, description="per style set, the epochs of its cells (original and augmented alike) "
         "instead of train.epochs, e.g. {senticap: 20}: a small set gets as many optimizer steps as the recipe needs "
         "while the large one keeps the hour")
@@ -611,9 +611,6 @@ class ErgConfig(_Section):
         if unknown_sets:
             raise ValueError(f"experiment.epochs names {unknown_sets}, which are not style sets: "
                              f"sets are {sorted(self.style_sets)}")
-        bad = {s: n for s, n in e.epochs.items() if isinstance(n, bool) or not isinstance(n, int) or n < 1}
-        if bad:
-            raise ValueError(f"experiment.epochs: {bad} must be whole numbers of epochs >= 1")
         for key, section in (("table5", e.table5), ("fig5", e.fig5)):
             if section.style_set is not None and section.style_set not in self.style_sets:
                 raise ValueError(f"experiment.{key}.style_set {section.style_set!r} is not a style set: "

@@ -106,10 +106,7 @@ def plan_cells(table2_styles: list[str], captioners: list[str], table5: tuple[st
 
 def cell_epochs(cfg: ErgConfig, style: str) -> int:
     """Epochs of a cell of ``style``: its style set's ``experiment.epochs`` entry, else ``train.epochs``."""
-    for name, members in cfg.style_sets.items():
-        if style in members and name in cfg.experiment.epochs:
-            return cfg.experiment.epochs[name]
-    return cfg.train.epochs
+    return cfg.experiment.epochs.get(cfg.style_set_of(style), cfg.train.epochs)
 
 
 def _with_captioner(cfg: ErgConfig, captioner: str, style: str | None = None) -> ErgConfig:

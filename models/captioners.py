@@ -358,10 +358,8 @@ def _repeated_ngram_bans(tokens: torch.Tensor, n: int) -> list[tuple[int, int]]:
     if n < 1 or tokens.shape[1] - PREFIX_LENGTH < n - 1:
         return []
     bans = []
-    for row, ids in enumerate(tokens[:, PREFIX_LENGTH:].tolist()):
-        if len(ids) < n - 1:
-            continue
-        tail = tuple(ids[len(ids) - n + 1:]) if n > 1 else ()
+    for row, ids in enumerate(tokens[:, PREFIX_LENGTH:].tolist()):  # every row has the same length
+        tail = tuple(ids[len(ids) - n + 1:])
         for start in range(len(ids) - n + 1):
             if tuple(ids[start:start + n - 1]) == tail:
                 bans.append((row, ids[start + n - 1]))
