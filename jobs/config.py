@@ -416,6 +416,10 @@ class TrainConf(_Section):
                                     "hidden_dim, num_layers, dropout, image_norm (0|1); transformer d_model, nhead, "
                                     "num_layers, dim_feedforward, dropout, max_len; updown embed_dim, hidden_dim, "
                                     "att_dim, dropout (checked by `erg train`)")
+    inserted_word_weight: float = Field(
+        1.0, ge=1, description="loss weight of the words an augmented caption adds to the factual caption it was "
+        "generated from (its inserted style phrase); 1 = the paper's plain cross-entropy; original pairs always weigh "
+        "1. Raising it teaches the captioner the style phrases of augmented pairs rather than only their content")
     min_count: int = Field(1, ge=1, description="caption words seen fewer times map to <unk>")
     max_words: int = Field(30, ge=1, description="caption words kept per training caption")
     seed: int = 23

@@ -388,7 +388,8 @@ def train_cells(spark: SparkSession, cfg: ErgConfig, cells: list[Cell], data: Ex
             log_counts({"train_pairs": n_orig + n_aug, "train_pairs.original": n_orig,
                         "train_pairs.augmented": n_aug, "train_seconds": summary["seconds"],
                         "loss_first": summary["loss_first"], "loss_last": summary["loss_last"],
-                        "vocab_size": summary["vocab_size"]})
+                        "vocab_size": summary["vocab_size"],
+                        "inserted_words_weighted": summary.get("inserted_words_weighted", 0)})
             _log_loss_curve(child.info.run_id, summary)
             mlflow.log_artifacts(str(cell_dir / "model"), "captioner")
         trained[cell.name] = {"cell": cell, "run_id": child.info.run_id, "train_pairs": n_orig + n_aug,
@@ -471,7 +472,9 @@ def describe_setup(cfg: ErgConfig, generator: dict[str, Any], classifiers: dict[
         "training": (f"per style and captioner, {t.optimizer} lr {t.lr}, batch {t.batch_size}, {t.epochs} epochs"
                      + "".join(f" ({n} for {s})" for s, n in e.epochs.items()) + ", "
                      f"scheduled sampling {t.scheduled_sampling.increase} every {t.scheduled_sampling.every_epochs} "
-                     f"epochs (max {t.scheduled_sampling.max}), {t.backend} x {t.num_processes}"),
+                     f"epochs (max {t.scheduled_sampling.max}), {t.backend} x {t.num_processes}"
+                     + (f"; the words an augmented caption adds to its factual source weigh {t.inserted_word_weight:g} "
+                        "in the loss (original pairs 1)" if t.inserted_word_weight != 1 else "")),
         "cls_source": (f"evaluation classifiers {classifiers['version']} ({classifiers.get('kind')}, also "
                        "generate's filter 1); cls. (indep.): " + (
                            f"{grader['kind']} per style trained on half B of the train split's images"
@@ -537,6 +540,7 @@ def run_experiment(spark: SparkSession, cfg: ErgConfig, *, command: str | None =
                            "features": cfg.train.features, "generator_version": e.generator_version,
                            "max_augmented_pairs": str(e.max_augmented_pairs), "epochs": cfg.train.epochs,
                            "epochs_by_style_set": json.dumps(e.epochs),
+                           "inserted_word_weight": cfg.train.inserted_word_weight,
                            "max_test_images": str(e.max_test_images)})
         folder = model_dir(cfg, "experiment", parent_id)
         folder.mkdir(parents=True, exist_ok=True)

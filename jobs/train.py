@@ -46,6 +46,7 @@ INSTALL_HOROVOD = "scripts/install_horovod.sh"
 SUMMARY_FILE = "train_summary.json"
 READERS = ("parquet", "mds", "petastorm")
 MDS_INDEX_COLUMN = "row_index"
+SOURCE_COLUMN = "source_caption"  # the snapshot's factual source of an augmented caption ("" for an original pair)
 
 
 def captioner_variant(cfg: ErgConfig) -> str:
@@ -199,7 +200,10 @@ def worker_config(cfg: ErgConfig, train_paths: list[str], output_dir: Path, feat
             "grad_clip": t.grad_clip, "scheduled_sampling": t.scheduled_sampling.model_dump(),
             "seed": t.seed, "device": "cuda" if t.use_gpu else "cpu",
             "backend": "horovod" if t.backend == "horovod" else "ddp", "feature_regions": feature_regions,
-            "regions_column": regions_column, "train_format": "mds" if t.reader == "mds" else "parquet", "index_column": MDS_INDEX_COLUMN}
+            "regions_column": regions_column, "train_format": "mds" if t.reader == "mds" else "parquet",
+            "index_column": MDS_INDEX_COLUMN,
+            **({"source_column": SOURCE_COLUMN, "inserted_word_weight": t.inserted_word_weight}
+               if t.inserted_word_weight != 1 else {})}
 
 
 def _record_summary(config: dict[str, Any], summary: dict[str, Any] | None) -> None:
@@ -304,7 +308,8 @@ def snapshot_config(spark: SparkSession, cfg: ErgConfig, pairs: DataFrame, folde
     """Write ``pairs`` (with ``features`` and ``n_regions``, none null) as the training snapshot under
     ``folder/data``; returns (the worker config training ``train.captioner`` on it into ``folder/model``, number of
     snapshot files, the reader fallback's reason or None)."""
-    snapshot = pairs.select("features", "n_regions", "style", "caption", "origin", "pair_id", "image_id")
+    snapshot = pairs.select("features", "n_regions", "style", "caption", "origin", "pair_id", "image_id",
+                            F.coalesce(F.col("source_caption"), F.lit("")).alias(SOURCE_COLUMN))
     files, fallback = write_snapshot(spark, snapshot, folder / "data", cfg.train.reader)
     return worker_config(cfg, files, folder / "model", regions, "n_regions"), len(files), fallback
 

@@ -44,8 +44,8 @@ from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from models.backbones import pick_device
-from models.captioners import (CAPTIONER_KINDS, Captioner, CaptionVocab, build_captioner, save_captioner,
-                               teacher_forcing_loss)
+from models.captioners import (CAPTIONER_KINDS, Captioner, CaptionVocab, build_captioner, caption_loss,
+                               save_captioner, teacher_forcing_loss)
 
 BACKENDS = ("ddp", "horovod")
 TRAIN_FORMATS = ("parquet", "mds")
@@ -72,15 +72,17 @@ def sampling_probability(schedule: dict[str, Any] | None, epoch: int) -> float:
 
 def scheduled_sampling_loss(model: nn.Module, features: torch.Tensor, tokens: torch.Tensor, pad_id: int,
                             probability: float, region_padding_mask: torch.Tensor | None = None,
-                            generator: torch.Generator | None = None) -> torch.Tensor:
+                            generator: torch.Generator | None = None, weights: torch.Tensor | None = None
+                            ) -> torch.Tensor:
     """Cross-entropy of the caption words when each input word is, with ``probability``, replaced by a word
     sampled from the model's own prediction at that position (two passes, as for transformers in Mihaylova and
     Martins 2019: a pass without gradients samples the words, a second pass learns from the mixed input).
 
     The style token and ``<bos>`` are always given; ``probability`` 0 is :func:`teacher_forcing_loss`.
+    ``weights`` (shaped like ``tokens``) weight each predicted position, as in :func:`caption_loss`.
     """
     if probability <= 0:
-        return teacher_forcing_loss(model, features, tokens, pad_id, region_padding_mask)
+        return teacher_forcing_loss(model, features, tokens, pad_id, region_padding_mask, weights)
     inputs = tokens[:, :-1]
     with torch.no_grad():
         logits = model(features, inputs, region_padding_mask)
@@ -91,10 +93,7 @@ def scheduled_sampling_loss(model: nn.Module, features: torch.Tensor, tokens: to
     draw = torch.rand(inputs[:, 2:].shape, device=inputs.device, generator=generator) < probability
     replace = draw & (inputs[:, 2:] != pad_id)
     mixed[:, 2:] = torch.where(replace, sampled[:, 1:-1], inputs[:, 2:])
-    logits = model(features, mixed, region_padding_mask)
-    targets = tokens[:, 1:].clone()
-    targets[:, 0] = pad_id
-    return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=pad_id)
+    return caption_loss(model(features, mixed, region_padding_mask), tokens, pad_id, weights)
 HOROVOD_INSTALL_HINT = (
     "backend 'horovod' needs Horovod built with PyTorch support, e.g. "
     "HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 "
@@ -116,6 +115,10 @@ class TrainConfig:
     feature_column: str = "features"
     style_column: str = "style"
     caption_column: str = "caption"
+    # the factual caption an augmented pair was generated from (null or empty for original pairs): the words the
+    # caption adds to it (its inserted style phrase) weigh ``inserted_word_weight`` in the loss; 1 = plain mean
+    source_column: str | None = None
+    inserted_word_weight: float = 1.0
     feature_regions: int = 1
     regions_column: str | None = None
     train_format: str = "parquet"  # parquet: files or folders of them; mds: one MDS dataset folder (index.json)
@@ -172,7 +175,10 @@ class TrainConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        for name, low in (("lr", None), ("weight_decay", 0.0), ("grad_clip", 0.0)):
+        if self.inserted_word_weight != 1 and not self.source_column:
+            raise ValueError(f"inserted_word_weight {self.inserted_word_weight} needs source_column: the column of "
+                             "the factual caption each augmented caption was generated from")
+        for name, low in (("lr", None), ("inserted_word_weight", None), ("weight_decay", 0.0), ("grad_clip", 0.0)):
             value = getattr(self, name)
             ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
             if not ok or (value <= 0 if low is None else value < low):
@@ -189,6 +195,7 @@ class CaptionData:
     styles: list[str]
     captions: list[str]
     n_regions: np.ndarray | None = None
+    sources: list[str | None] | None = None  # each caption's factual source (None: an original pair)
 
     def padding_mask(self) -> np.ndarray | None:
         """``[N, regions]`` bool, True where a region is padding; None when every region is real."""
@@ -199,7 +206,8 @@ class CaptionData:
 
 def read_caption_parquet(paths: tuple[str, ...] | list[str], feature_column: str = "features",
                          style_column: str = "style", caption_column: str = "caption",
-                         feature_regions: int = 1, regions_column: str | None = None) -> CaptionData:
+                         feature_regions: int = 1, regions_column: str | None = None,
+                         source_column: str | None = None) -> CaptionData:
     """Read training pairs from Parquet files or folders of them.
 
     A Delta table folder is refused (its folder holds files of old versions): pass the current snapshot's files,
@@ -215,20 +223,22 @@ def read_caption_parquet(paths: tuple[str, ...] | list[str], feature_column: str
             raise ValueError(f"{path} is a Delta table: pass its current files (DataFrame.inputFiles()), "
                              "not the folder, which also holds files of older versions")
     dataset = pads.dataset(list(paths), format="parquet")
-    columns = [feature_column, style_column, caption_column] + ([regions_column] if regions_column else [])
+    columns = ([feature_column, style_column, caption_column] + ([regions_column] if regions_column else [])
+               + ([source_column] if source_column else []))
     absent = [c for c in columns if c not in dataset.schema.names]
     if absent:
         raise ValueError(f"training data lacks columns {absent}; it has {dataset.schema.names}")
     table = dataset.to_table(columns=columns)
     if table.num_rows == 0:
         raise ValueError(f"training data in {list(paths)} has no rows")
-    return caption_data(table, feature_column, style_column, caption_column, feature_regions, regions_column)
+    return caption_data(table, feature_column, style_column, caption_column, feature_regions, regions_column,
+                        source_column)
 
 
 def read_caption_mds(path: str, rank: int, world_size: int, local_rank: int, local_world_size: int,
                      feature_column: str = "features", style_column: str = "style", caption_column: str = "caption",
                      feature_regions: int = 1, regions_column: str | None = None, index_column: str = "row_index",
-                     batch_size: int = 64) -> tuple[CaptionData, np.ndarray]:
+                     batch_size: int = 64, source_column: str | None = None) -> tuple[CaptionData, np.ndarray]:
     """This rank's partition of the MDS dataset in ``path`` (written by ``streaming``'s ``dataframe_to_mds`` or an
     ``MDSWriter``), read through ``streaming.StreamingDataset``; returns it and its rows' ``index_column`` values.
 
@@ -243,7 +253,8 @@ def read_caption_mds(path: str, rank: int, world_size: int, local_rank: int, loc
     os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(local_rank),
                        "LOCAL_WORLD_SIZE": str(local_world_size)})
     dataset = StreamingDataset(local=str(path), shuffle=False, batch_size=batch_size)
-    columns = [feature_column, style_column, caption_column] + ([regions_column] if regions_column else [])
+    columns = ([feature_column, style_column, caption_column] + ([regions_column] if regions_column else [])
+               + ([source_column] if source_column else []))
     samples = list(dataset)
     if not samples:
         raise ValueError(f"rank {rank} got no rows of the MDS dataset in {path}")
@@ -257,21 +268,25 @@ def read_caption_mds(path: str, rank: int, world_size: int, local_rank: int, loc
         caption_column: pa.array([s[caption_column] for s in samples], type=pa.string()),
         **({regions_column: pa.array([int(s[regions_column]) for s in samples], type=pa.int64())}
            if regions_column else {}),
+        **({source_column: pa.array([s[source_column] for s in samples], type=pa.string())} if source_column else {}),
     })
-    data = caption_data(table, feature_column, style_column, caption_column, feature_regions, regions_column)
+    data = caption_data(table, feature_column, style_column, caption_column, feature_regions, regions_column,
+                        source_column)
     return data, np.asarray([int(s[index_column]) for s in samples], dtype=np.int64)
 
 
 def caption_data(table: pa.Table, feature_column: str, style_column: str, caption_column: str,
-                 feature_regions: int = 1, regions_column: str | None = None) -> CaptionData:
+                 feature_regions: int = 1, regions_column: str | None = None, source_column: str | None = None
+                 ) -> CaptionData:
     """Check the training pairs in ``table`` (no nulls, string styles and captions, finite vectors of one length
-    divisible by ``feature_regions``, real-region counts in range) and return them as arrays."""
+    divisible by ``feature_regions``, real-region counts in range; ``source_column`` strings, null or empty for an
+    original pair) and return them as arrays."""
     columns = [feature_column, style_column, caption_column] + ([regions_column] if regions_column else [])
     for name in columns:
         nulls = table.column(name).null_count
         if nulls:
             raise ValueError(f"column {name!r} has {nulls} null values; filter or quarantine them before training")
-    for name in (style_column, caption_column):
+    for name in (style_column, caption_column) + ((source_column,) if source_column else ()):
         kind = table.schema.field(name).type
         if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
             raise ValueError(f"column {name!r} must hold strings, got {kind}")
@@ -298,7 +313,8 @@ def caption_data(table: pa.Table, feature_column: str, style_column: str, captio
                              f"values from {int(n_regions.min())} to {int(n_regions.max())}")
     return CaptionData(features=flat.reshape(table.num_rows, feature_regions, dim // feature_regions),
                        styles=table.column(style_column).to_pylist(), captions=table.column(caption_column).to_pylist(),
-                       n_regions=n_regions)
+                       n_regions=n_regions,
+                       sources=table.column(source_column).to_pylist() if source_column else None)
 
 
 class _Collective:
@@ -475,7 +491,7 @@ def _rank_data(cfg: TrainConfig, collective: _Collective):
     making this rank's sampler over a dataset of its rows)."""
     if cfg.train_format == "parquet":
         data = read_caption_parquet(cfg.train_paths, cfg.feature_column, cfg.style_column, cfg.caption_column,
-                                    cfg.feature_regions, cfg.regions_column)
+                                    cfg.feature_regions, cfg.regions_column, cfg.source_column)
         return (data, np.arange(len(data.captions), dtype=np.int64), data.captions, data.styles,
                 lambda dataset: DistributedSampler(dataset, num_replicas=collective.world_size, rank=collective.rank,
                                                    shuffle=True, seed=cfg.seed, drop_last=True))
@@ -486,7 +502,7 @@ def _rank_data(cfg: TrainConfig, collective: _Collective):
     data, row_ids = read_caption_mds(cfg.train_paths[0], collective.rank, collective.world_size,
                                      collective.local_rank, local_world_size, cfg.feature_column, cfg.style_column,
                                      cfg.caption_column, cfg.feature_regions, cfg.regions_column, cfg.index_column,
-                                     cfg.batch_size)
+                                     cfg.batch_size, cfg.source_column)
     by_row: dict[int, tuple[str, str]] = {}
     sizes = []
     for ids, captions, styles in collective.gather((row_ids.tolist(), data.captions, data.styles)):
@@ -494,7 +510,8 @@ def _rank_data(cfg: TrainConfig, collective: _Collective):
         by_row.update(zip(ids, zip(captions, styles)))
     keep = min(sizes)  # every rank takes the same number of steps (DDP all-reduces each one)
     data = CaptionData(data.features[:keep], data.styles[:keep], data.captions[:keep],
-                       None if data.n_regions is None else data.n_regions[:keep])
+                       None if data.n_regions is None else data.n_regions[:keep],
+                       None if data.sources is None else data.sources[:keep])
     order = sorted(by_row)
     return (data, row_ids[:keep], [by_row[i][0] for i in order], [by_row[i][1] for i in order],
             lambda dataset: DistributedSampler(dataset, num_replicas=1, rank=0, shuffle=True,
@@ -517,8 +534,13 @@ def _train(cfg: TrainConfig, collective: _Collective, device: torch.device,
         raise ValueError(f"{rows} training rows cannot be sharded over {collective.world_size} workers")
     mask = data.padding_mask()
     mask = torch.from_numpy(mask) if mask is not None else torch.zeros(data.features.shape[:2], dtype=torch.bool)
-    dataset = TensorDataset(torch.from_numpy(row_ids), torch.from_numpy(data.features),
-                            vocab.encode_batch(data.captions, data.styles, cfg.max_words), mask)
+    weighted = cfg.inserted_word_weight != 1
+    encoded = vocab.encode_batch(data.captions, data.styles, cfg.max_words)
+    weights = (vocab.inserted_word_weights(data.captions, data.sources or [None] * len(data.captions),
+                                           cfg.inserted_word_weight, cfg.max_words)
+               if weighted else torch.ones(encoded.shape))
+    dataset = TensorDataset(torch.from_numpy(row_ids), torch.from_numpy(data.features), encoded, mask, weights)
+    n_weighted = int((weights != 1).sum())  # this rank's inserted words
     sampler = sampler_of(dataset)
     loader = DataLoader(dataset, batch_size=cfg.batch_size, sampler=sampler)
 
@@ -540,12 +562,13 @@ def _train(cfg: TrainConfig, collective: _Collective, device: torch.device,
         epoch_start = len(losses)
         probability = sampling_probability(cfg.scheduled_sampling, epoch)
         sampling.append(probability)
-        for row_ids, features, tokens, padding in loader:
+        for row_ids, features, tokens, padding, batch_weights in loader:
             if epoch == 0:
                 shard.extend(row_ids.tolist())
             padding = padding.to(device) if data.n_regions is not None else None
             loss = scheduled_sampling_loss(forward, features.to(device), tokens.to(device), vocab.pad_id,
-                                           probability, padding, sampler_rng)
+                                           probability, padding, sampler_rng,
+                                           batch_weights.to(device) if weighted else None)
             optimizer.zero_grad()  # Horovod's DistributedOptimizer takes no set_to_none; torch defaults to it
             loss.backward()
             collective.step(optimizer, model, cfg.grad_clip)
@@ -571,6 +594,7 @@ def _train(cfg: TrainConfig, collective: _Collective, device: torch.device,
         "sampling_probability": sampling,
         "world_size": collective.world_size, "backend": collective.name, "device": str(device),
         "steps": len(losses), "rows": rows, "vocab_size": len(vocab),
+        "inserted_words_weighted": n_weighted,
         "rows_per_rank": [len(s) for s in shards], "shard_overlap": sum(len(s) for s in seen) - len(set().union(*seen)),
         "rows_covered": len(set().union(*seen)), "output_dir": cfg.output_dir, "config": asdict(cfg),
         "seconds": time.time() - started,

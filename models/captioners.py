@@ -115,6 +115,35 @@ class CaptionVocab:
             out[i, : len(row)] = torch.tensor(row, dtype=torch.long)
         return out
 
+    def inserted_word_weights(self, captions: Sequence[str], sources: Sequence[str | None], weight: float,
+                              max_words: int | None = None) -> torch.Tensor:
+        """Loss weights aligned with :meth:`encode_batch` of ``captions``: ``weight`` on each caption word that its
+        source lacks (a multiset difference: the words the generator inserted into the factual caption, i.e. the
+        augmented pair's style phrase), 1 on every other position. A row whose source is None or empty (an
+        original pair) is all 1."""
+        if len(captions) != len(sources):
+            raise ValueError(f"captions and sources differ in length: {len(captions)} vs {len(sources)}")
+        if not math.isfinite(weight) or weight <= 0:
+            raise ValueError(f"the inserted-word weight must be a finite number > 0, got {weight!r}")
+        rows = []
+        for caption, source in zip(captions, sources):
+            words = caption_words(caption)[:max_words] if max_words is not None else caption_words(caption)
+            left = Counter(caption_words(source)) if source else None
+            row = [1.0] * PREFIX_LENGTH
+            for word in words:
+                if left is None or left[word] > 0:
+                    row.append(1.0)
+                    if left is not None:
+                        left[word] -= 1
+                else:
+                    row.append(float(weight))
+            rows.append(row + [1.0])
+        width = max((len(r) for r in rows), default=PREFIX_LENGTH + 1)
+        out = torch.ones((len(rows), width), dtype=torch.float32)
+        for i, row in enumerate(rows):
+            out[i, : len(row)] = torch.tensor(row, dtype=torch.float32)
+        return out
+
     def decode(self, ids: Iterable[int]) -> str:
         """Words of a token sequence up to the first ``<eos>``; pad, bos and style tokens are skipped."""
         skipped = {self.pad_id, self.bos_id, *self.style_ids}
@@ -333,16 +362,31 @@ def build_captioner(kind: str, feature_dim: int, vocab: CaptionVocab, **hparams:
 
 
 def teacher_forcing_loss(model: nn.Module, features: torch.Tensor, tokens: torch.Tensor, pad_id: int,
-                         region_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+                         region_padding_mask: torch.Tensor | None = None, weights: torch.Tensor | None = None
+                         ) -> torch.Tensor:
     """Mean cross-entropy of the caption words and ``<eos>`` given the image, style and previous words.
 
     ``model`` may be a captioner or its DDP wrapper (so the call goes through the wrapper's forward);
-    ``tokens`` are full encoded captions from :meth:`CaptionVocab.encode_batch`.
+    ``tokens`` are full encoded captions from :meth:`CaptionVocab.encode_batch`; ``weights`` (same shape, e.g.
+    :meth:`CaptionVocab.inserted_word_weights`) make it a weighted mean over the predicted positions.
     """
     logits = model(features, tokens[:, :-1], region_padding_mask)
+    return caption_loss(logits, tokens, pad_id, weights)
+
+
+def caption_loss(logits: torch.Tensor, tokens: torch.Tensor, pad_id: int, weights: torch.Tensor | None = None
+                 ) -> torch.Tensor:
+    """Cross-entropy of ``logits`` (predictions for ``tokens[:, 1:]``) against the caption words and ``<eos>``
+    (``<bos>`` after the style token is given, not predicted; padding is ignored): the mean, or the ``weights``-
+    weighted mean (``weights`` shaped like ``tokens``)."""
     targets = tokens[:, 1:].clone()
-    targets[:, 0] = pad_id  # <bos> after the style token is given, not predicted
-    return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=pad_id)
+    targets[:, 0] = pad_id
+    flat_logits, flat_targets = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)
+    if weights is None:
+        return nn.functional.cross_entropy(flat_logits, flat_targets, ignore_index=pad_id)
+    each = nn.functional.cross_entropy(flat_logits, flat_targets, ignore_index=pad_id, reduction="none")
+    w = weights[:, 1:].reshape(-1).to(each.dtype) * (flat_targets != pad_id).to(each.dtype)
+    return (each * w).sum() / w.sum().clamp_min(1e-12)
 
 
 def _never_emitted(vocab: CaptionVocab, device: torch.device) -> torch.Tensor:

@@ -146,3 +146,57 @@ def test_several_captioners_train_in_one_launch(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="same device and backend"):
         train_workers([{**base, "output_dir": str(tmp_path / "c")}, {**base, "output_dir": str(tmp_path / "d"),
                                                                       "device": "auto"}])
+
+
+def test_inserted_word_weights_mark_the_words_an_augmented_caption_adds(vocab: CaptionVocab) -> None:
+    captions = ["a silly dog runs on the silly grass", "a dog runs on the grass", "a lovely cat sleeps"]
+    sources = ["a dog runs on the grass", None, ""]
+    weights = vocab.inserted_word_weights(captions, sources, 4.0)
+    tokens = vocab.encode_batch(captions, ["humor"] * 3)
+    assert weights.shape == tokens.shape
+    # <style> <bos> a silly dog runs on the silly grass <eos>: both "silly" were inserted, nothing else
+    assert weights[0].tolist() == [1, 1, 1, 4, 1, 1, 1, 1, 4, 1, 1]
+    assert (weights[1:] == 1).all()  # original pairs (no source) are plain
+    assert vocab.inserted_word_weights(captions[:1], sources[:1], 4.0, max_words=2)[0].tolist()[:5] == [1, 1, 1, 4, 1]
+    with pytest.raises(ValueError, match="finite number > 0"):
+        vocab.inserted_word_weights(captions, sources, 0.0)
+
+
+def test_caption_loss_weights_each_predicted_word(vocab: CaptionVocab) -> None:
+    from models.captioners import caption_loss
+
+    torch.manual_seed(4)
+    tokens = vocab.encode_batch(CAPTIONS[:2], ["humor"] * 2)
+    logits = torch.randn(2, tokens.shape[1] - 1, len(vocab))
+    plain = caption_loss(logits, tokens, vocab.pad_id)
+    assert float(caption_loss(logits, tokens, vocab.pad_id, torch.ones(tokens.shape))) == pytest.approx(float(plain))
+    weights = torch.ones(tokens.shape)
+    weights[0, 3] = 3.0  # the second word of the first caption
+    each = torch.nn.functional.cross_entropy(logits.reshape(-1, len(vocab)), tokens[:, 1:].reshape(-1),
+                                             reduction="none").view(2, -1)
+    real = (tokens[:, 1:] != vocab.pad_id)
+    real[:, 0] = False  # <bos> is given, not predicted
+    w = weights[:, 1:] * real
+    assert float(caption_loss(logits, tokens, vocab.pad_id, weights)) == pytest.approx(float((each * w).sum() / w.sum()))
+
+
+def test_weighting_inserted_words_makes_the_captioner_write_the_style_phrase(tmp_path: Path) -> None:
+    """Three original pairs say "a dog runs on the grass", one augmented pair inserts "silly" into that caption: at
+    weight 1 greedy decoding writes the majority caption; at weight 5 the inserted phrase outweighs it."""
+    path = tmp_path / "pairs.parquet"
+    plain, styled = "a dog runs on the grass", "a silly dog runs on the grass"
+    pq.write_table(pa.table({"features": [[1.0, 0.0, 0.0, 0.0]] * 4, "style": ["humor"] * 4,
+                             "caption": [plain] * 3 + [styled], "source_caption": [None] * 3 + [plain]}), path)
+    written = {}
+    for weight in (1.0, 5.0):
+        out = tmp_path / f"w{weight:g}"
+        summary = train_worker({"train_paths": [str(path)], "output_dir": str(out), "kind": "nic",
+                                "hparams": {"embed_dim": 16, "hidden_dim": 24, "dropout": 0.0}, "epochs": 120,
+                                "batch_size": 4, "lr": 0.02, "optimizer": "adam", "device": "cpu",
+                                "source_column": "source_caption", "inserted_word_weight": weight})
+        assert summary["inserted_words_weighted"] == (1 if weight != 1 else 0)
+        written[weight] = greedy_decode(load_captioner(out), torch.tensor([[1.0, 0.0, 0.0, 0.0]]), "humor",
+                                        max_len=10)[0]
+    assert written == {1.0: plain, 5.0: styled}
+    with pytest.raises(ValueError, match="inserted_word_weight 3 needs source_column"):
+        train_worker({"train_paths": [str(path)], "output_dir": str(tmp_path / "x"), "inserted_word_weight": 3})

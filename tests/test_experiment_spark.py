@@ -91,7 +91,7 @@ def setup(spark, erg_home) -> dict:
                  f"styles=[{', '.join(STYLES)}]", "sample.stylized_per_style=20", "sample.n_images=80", "sample.factual_captions=240",
                  "train.num_processes=1", "train.epochs=3", "train.batch_size=16", "train.lr=0.01",
                  "train.hparams={embed_dim: 16, hidden_dim: 32}", "train.visual_context.max_regions=8",
-                 "experiment.captioners=[nic]",
+                 "train.inserted_word_weight=3", "experiment.captioners=[nic]",
                  "experiment.min_test_images=1", "experiment.max_augmented_pairs=5",
                  "experiment.fig5.sizes=[0, 0.5, 1]", "experiment.samples_to_log=1", "evaluate.max_len=12"]
     cfg = load_config("test", overrides)
@@ -238,6 +238,9 @@ def test_experiment_report_and_mlflow_runs(setup, experiment) -> None:
         assert child.data.tags["erg.cell"] == f"{row['style']}/{row['captioner']}/{row['variant']}"
         assert child.data.metrics["cider"] == pytest.approx(row["cider"])
         assert child.data.metrics["train_pairs"] == row["train_pairs"]
+        # the words each augmented pair adds to its factual source were weighted; original-only cells have none
+        assert (child.data.metrics["inserted_words_weighted"] > 0) == (row["train_pairs_augmented"] > 0)
+    assert "weigh 3 in the loss (original pairs 1)" in saved["training"]
 
 
 def test_table2_script_writes_json_and_markdown(setup, experiment, tmp_path: Path) -> None:
