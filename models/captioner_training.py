@@ -540,7 +540,7 @@ def _train(cfg: TrainConfig, collective: _Collective, device: torch.device,
                                            cfg.inserted_word_weight, cfg.max_words)
                if weighted else torch.ones(encoded.shape))
     dataset = TensorDataset(torch.from_numpy(row_ids), torch.from_numpy(data.features), encoded, mask, weights)
-    n_weighted = int((weights != 1).sum())  # this rank's inserted words
+    n_weighted = int((weights != 1).sum())  # inserted words in this rank's rows
     sampler = sampler_of(dataset)
     loader = DataLoader(dataset, batch_size=cfg.batch_size, sampler=sampler)
 
@@ -585,16 +585,20 @@ def _train(cfg: TrainConfig, collective: _Collective, device: torch.device,
             print(_progress(cfg, model_of, epoch, epoch_losses[-1], started), file=sys.stderr, flush=True)
 
     shards = collective.gather(shard)
+    # parquet: every rank holds every row; mds: each its own partition, so the ranks' counts add up
+    weighted_words = sum(collective.gather(n_weighted)) if cfg.train_format == "mds" else n_weighted
+    if collective.rank == 0:
+        save_captioner(model, cfg.output_dir)
+    collective.gather(None)  # every rank waits for rank 0's save: a rank leaving the group early can abort gloo
     if collective.rank != 0:
         return None
-    save_captioner(model, cfg.output_dir)
     seen = [set(s) for s in shards]
     return {
         "loss_first": losses[0], "loss_last": losses[-1], "losses": losses, "epoch_losses": epoch_losses,
         "sampling_probability": sampling,
         "world_size": collective.world_size, "backend": collective.name, "device": str(device),
         "steps": len(losses), "rows": rows, "vocab_size": len(vocab),
-        "inserted_words_weighted": n_weighted,
+        "inserted_words_weighted": weighted_words,
         "rows_per_rank": [len(s) for s in shards], "shard_overlap": sum(len(s) for s in seen) - len(set().union(*seen)),
         "rows_covered": len(set().union(*seen)), "output_dir": cfg.output_dir, "config": asdict(cfg),
         "seconds": time.time() - started,

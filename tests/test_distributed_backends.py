@@ -39,6 +39,13 @@ def _pairs(repeats: int = 6) -> list[tuple[list[float], str, str]]:
             for _ in range(repeats) for s in range(len(SCENES)) for style, words in STYLE_WORDS.items()]
 
 
+def _with_sources(rows: list[tuple[list[float], str, str]]) -> list[tuple[list[float], str, str, str]]:
+    """``rows`` with the snapshot's ``source_caption``: the first 4 humor pairs are augmented ("silly" inserted into
+    a factual caption, 4 inserted words in all), the rest original ("")."""
+    return [(*row, row[2].replace("a silly ", "a ") if i < 8 and row[1] == "humor" else "")
+            for i, row in enumerate(rows)]
+
+
 @pytest.mark.skipif(not PETASTORM, reason="petastorm is not installed (pip install --no-deps petastorm==0.13.1 "
                                           "diskcache==5.6.3 future==1.0.0 records its failure)")
 def test_petastorm_does_not_import_with_pyarrow_18_or_newer() -> None:
@@ -83,8 +90,9 @@ def test_mds_snapshot_is_read_by_streaming_dataset_in_two_torch_distributor_proc
     from jobs.train import run_distributed, worker_config, write_snapshot
     from models.captioners import greedy_decode, load_captioner
 
-    rows = _pairs()  # 48 rows
-    frame = spark.createDataFrame(rows, "features array<float>, style string, caption string").repartition(3)
+    rows = _with_sources(_pairs())  # 48 rows
+    frame = spark.createDataFrame(rows, "features array<float>, style string, caption string, "
+                                        "source_caption string").repartition(3)
     paths, fallback = write_snapshot(spark, frame, tmp_path / "data", "mds")
     assert fallback is None and paths == [str(tmp_path / "data" / "mds")]
     index = json.loads((tmp_path / "data" / "mds" / "index.json").read_text())
@@ -103,6 +111,7 @@ def test_mds_snapshot_is_read_by_streaming_dataset_in_two_torch_distributor_proc
     assert summary["rows"] == len(rows) and summary["rows_per_rank"] == [24, 24]
     assert summary["shard_overlap"] == 0 and summary["rows_covered"] == len(rows)  # each rank its own partition
     assert summary["loss_last"] < 0.7 * summary["loss_first"]
+    assert summary["inserted_words_weighted"] == 4  # summed over the two ranks' partitions
     model = load_captioner(tmp_path / "model")
     assert model.vocab.styles == ("humor", "romantic")
     assert len(greedy_decode(model, torch.zeros(2, FEATURE_DIM), "humor", max_len=8)) == 2
@@ -113,9 +122,9 @@ def _horovod_setup(tmp_path: Path) -> tuple:
     from jobs.train import worker_config
 
     path = tmp_path / "pairs.parquet"
-    rows = _pairs()
+    rows = _with_sources(_pairs())
     pq.write_table(pa.table({"features": [r[0] for r in rows], "style": [r[1] for r in rows],
-                             "caption": [r[2] for r in rows]}), path)
+                             "caption": [r[2] for r in rows], "source_caption": [r[3] for r in rows]}), path)
     cfg = load_config("test", [f"home={tmp_path}", "train.backend=horovod", "train.num_processes=2",
                                "train.epochs=6", "train.batch_size=8", "train.lr=0.01",
                                "train.hparams={embed_dim: 16, hidden_dim: 32}"])
@@ -147,6 +156,7 @@ def test_horovod_spark_run_trains_two_gloo_processes(spark, tmp_path: Path) -> N
     assert summary["backend"] == "horovod" and summary["world_size"] == 2
     assert summary["rows_per_rank"] == [24, 24] and summary["shard_overlap"] == 0
     assert summary["loss_last"] < 0.7 * summary["loss_first"]
+    assert summary["inserted_words_weighted"] == 4
     model = load_captioner(tmp_path / "model")
     assert model.vocab.styles == ("humor", "romantic")
     assert len(greedy_decode(model, torch.zeros(2, FEATURE_DIM), "humor", max_len=8)) == 2
