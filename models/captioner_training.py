@@ -584,9 +584,10 @@ def _train(cfg: TrainConfig, collective: _Collective, device: torch.device,
         if collective.rank == 0:
             print(_progress(cfg, model_of, epoch, epoch_losses[-1], started), file=sys.stderr, flush=True)
 
-    shards = collective.gather(shard)
+    gathered = collective.gather((shard, n_weighted))
+    shards = [rows_seen for rows_seen, _ in gathered]
     # parquet: every rank holds every row; mds: each its own partition, so the ranks' counts add up
-    weighted_words = sum(collective.gather(n_weighted)) if cfg.train_format == "mds" else n_weighted
+    weighted_words = sum(n for _, n in gathered) if cfg.train_format == "mds" else n_weighted
     if collective.rank == 0:
         save_captioner(model, cfg.output_dir)
     collective.gather(None)  # every rank waits for rank 0's save: a rank leaving the group early can abort gloo

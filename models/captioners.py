@@ -108,12 +108,8 @@ class CaptionVocab:
         """Encoded captions right-padded with ``<pad>`` into a ``[batch, T]`` long tensor."""
         if len(captions) != len(styles):
             raise ValueError(f"captions and styles differ in length: {len(captions)} vs {len(styles)}")
-        rows = [self.encode(c, s, max_words) for c, s in zip(captions, styles)]
-        width = max((len(r) for r in rows), default=PREFIX_LENGTH + 1)
-        out = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
-        for i, row in enumerate(rows):
-            out[i, : len(row)] = torch.tensor(row, dtype=torch.long)
-        return out
+        return _right_padded([self.encode(c, s, max_words) for c, s in zip(captions, styles)], self.pad_id,
+                             torch.long)
 
     def inserted_word_weights(self, captions: Sequence[str], sources: Sequence[str | None], weight: float,
                               max_words: int | None = None) -> torch.Tensor:
@@ -127,22 +123,17 @@ class CaptionVocab:
             raise ValueError(f"the inserted-word weight must be a finite number > 0, got {weight!r}")
         rows = []
         for caption, source in zip(captions, sources):
-            words = caption_words(caption)[:max_words] if max_words is not None else caption_words(caption)
-            left = Counter(caption_words(source)) if source else None
+            words = caption_words(caption)[:max_words]
+            left = Counter(caption_words(source or ""))
             row = [1.0] * PREFIX_LENGTH
             for word in words:
-                if left is None or left[word] > 0:
+                if not source or left[word] > 0:
+                    left[word] -= 1
                     row.append(1.0)
-                    if left is not None:
-                        left[word] -= 1
                 else:
                     row.append(float(weight))
             rows.append(row + [1.0])
-        width = max((len(r) for r in rows), default=PREFIX_LENGTH + 1)
-        out = torch.ones((len(rows), width), dtype=torch.float32)
-        for i, row in enumerate(rows):
-            out[i, : len(row)] = torch.tensor(row, dtype=torch.float32)
-        return out
+        return _right_padded(rows, 1.0, torch.float32)
 
     def decode(self, ids: Iterable[int]) -> str:
         """Words of a token sequence up to the first ``<eos>``; pad, bos and style tokens are skipped."""
@@ -359,6 +350,14 @@ def build_captioner(kind: str, feature_dim: int, vocab: CaptionVocab, **hparams:
         elif not isinstance(value, int) or value < 1:
             raise ValueError(f"hyper-parameter {name} must be a positive integer, got {value!r}")
     return _CAPTIONERS[kind](feature_dim, vocab, **hparams)
+
+
+def _right_padded(rows: list[list], fill: float, dtype: torch.dtype) -> torch.Tensor:
+    """``rows`` of different lengths as one ``[len(rows), longest]`` tensor, right-padded with ``fill``."""
+    out = torch.full((len(rows), max((len(r) for r in rows), default=PREFIX_LENGTH + 1)), fill, dtype=dtype)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = torch.tensor(row, dtype=dtype)
+    return out
 
 
 def teacher_forcing_loss(model: nn.Module, features: torch.Tensor, tokens: torch.Tensor, pad_id: int,
