@@ -70,6 +70,14 @@ def sampling_probability(schedule: dict[str, Any] | None, epoch: int) -> float:
     return float(min(schedule["max"], schedule["start"] + schedule["increase"] * (epoch // every)))
 
 
+def trim_padding(tokens: torch.Tensor, weights: torch.Tensor, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``tokens`` and ``weights`` cut to the batch's longest caption: the columns that are padding in every row go.
+    The loss is the same (padding is never a target, and no real position sees a later one), the work is not:
+    captions are padded to the longest of the whole data set, a batch's longest is usually much shorter."""
+    length = max(int((tokens != pad_id).sum(dim=1).max()), 2) if tokens.numel() else tokens.shape[1]
+    return tokens[:, :length], weights[:, :length]
+
+
 def scheduled_sampling_loss(model: nn.Module, features: torch.Tensor, tokens: torch.Tensor, pad_id: int,
                             probability: float, region_padding_mask: torch.Tensor | None = None,
                             generator: torch.Generator | None = None, weights: torch.Tensor | None = None
@@ -565,6 +573,7 @@ def _train(cfg: TrainConfig, collective: _Collective, device: torch.device,
         for row_ids, features, tokens, padding, batch_weights in loader:
             if epoch == 0:
                 shard.extend(row_ids.tolist())
+            tokens, batch_weights = trim_padding(tokens, batch_weights, vocab.pad_id)
             padding = padding.to(device) if data.n_regions is not None else None
             loss = scheduled_sampling_loss(forward, features.to(device), tokens.to(device), vocab.pad_id,
                                            probability, padding, sampler_rng,

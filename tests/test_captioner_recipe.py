@@ -180,6 +180,24 @@ def test_caption_loss_weights_each_predicted_word(vocab: CaptionVocab) -> None:
     assert float(caption_loss(logits, tokens, vocab.pad_id, weights)) == pytest.approx(float((each * w).sum() / w.sum()))
 
 
+@pytest.mark.parametrize("kind", ["nic", "transformer"])
+def test_trimming_a_batch_to_its_longest_caption_leaves_the_loss_unchanged(vocab: CaptionVocab, kind: str) -> None:
+    from models.captioner_training import trim_padding
+
+    torch.manual_seed(5)
+    model = build_captioner(kind, 8, vocab).eval()
+    captions = ["a silly dog", "a lovely cat sleeps"]
+    tokens = vocab.encode_batch(captions + CAPTIONS[:1], ["humor"] * 3)[:2]  # padded to a longer third caption
+    weights = torch.rand(tokens.shape) + 0.5
+    trimmed, trimmed_weights = trim_padding(tokens, weights, vocab.pad_id)
+    assert trimmed.shape[1] == len(vocab.encode(captions[1], "humor")) < tokens.shape[1]
+    assert (tokens[:, trimmed.shape[1]:] == vocab.pad_id).all()
+    features = torch.randn(2, 1, 8)
+    full = teacher_forcing_loss(model, features, tokens, vocab.pad_id, weights=weights)
+    cut = teacher_forcing_loss(model, features, trimmed, vocab.pad_id, weights=trimmed_weights)
+    assert cut.item() == pytest.approx(full.item(), rel=1e-5)
+
+
 def test_weighting_inserted_words_makes_the_captioner_write_the_style_phrase(tmp_path: Path) -> None:
     """Three original pairs say "a dog runs on the grass", one augmented pair inserts "silly" into that caption: at
     weight 1 greedy decoding writes the majority caption; at weight 5 the inserted phrase outweighs it."""
