@@ -74,7 +74,7 @@ def trim_padding(tokens: torch.Tensor, weights: torch.Tensor, pad_id: int) -> tu
     """``tokens`` and ``weights`` cut to the batch's longest caption: the columns that are padding in every row go.
     The loss is the same (padding is never a target, and no real position sees a later one), the work is not:
     captions are padded to the longest of the whole data set, a batch's longest is usually much shorter."""
-    length = max(int((tokens != pad_id).sum(dim=1).max()), 2) if tokens.numel() else tokens.shape[1]
+    length = int((tokens != pad_id).sum(dim=1).max())  # every row has its style prefix and <eos>: never 0
     return tokens[:, :length], weights[:, :length]
 
 
