@@ -263,6 +263,18 @@ def split_new(stylized: DataFrame, factual: DataFrame, new: dict[str, DataFrame]
     return scenes, queries
 
 
+def entering_hits(kept: DataFrame, found: DataFrame, top_k: int) -> DataFrame:
+    """The rows of ``found`` (new scenes' hits for old queries) that can enter their (query, type) group's kept
+    top-k: the group holds fewer than ``top_k`` rows, or the hit's similarity reaches the group's lowest kept one.
+    A hit below that floor changes no row, so only these groups need :func:`merged_top_k` and a MERGE."""
+    group = ["query_id", "retrieval_type", "encoder_version"]
+    floors = (kept.join(found.select(*group).distinct(), group, "left_semi")
+              .groupBy(*group).agg(F.count(F.lit(1)).alias("_kept"), F.min("similarity").alias("_floor")))
+    return (found.join(floors, group, "left")
+            .where(F.col("_kept").isNull() | (F.col("_kept") < top_k) | (F.col("similarity") >= F.col("_floor")))
+            .drop("_kept", "_floor"))
+
+
 def merged_top_k(kept: DataFrame, found: DataFrame, top_k: int) -> DataFrame:
     """Rows to apply to ``retrievals`` where new scenes were found for old queries: for every (query, type) with a
     new hit, the top ``top_k`` of its kept hits and the new ones by similarity, ranks rewritten from 1
@@ -432,7 +444,8 @@ def merge_new_scenes(spark: SparkSession, cfg: ErgConfig, scenes: pd.DataFrame, 
             with step_seconds(counts, "new_scenes.search"):
                 counts["incremental.new_scene_hits"] = found.count()
             with step_seconds(counts, "new_scenes.merge"):
-                changes = merged_top_k(kept, found, plan.top_k)
+                entering = entering_hits(kept, found, plan.top_k)
+                changes = merged_top_k(kept, entering, plan.top_k)
                 stats = apply_changes(spark, cfg, "retrievals", changes, compare=("rank", "similarity"))
         finally:
             found.unpersist()

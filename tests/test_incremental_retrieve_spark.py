@@ -110,3 +110,23 @@ def test_incremental_retrieval_equals_a_full_one_and_searches_only_what_is_new(s
     assert len(keys) == len(set(keys))  # one row per (query, type, rank): no stale rank left
 
     assert retrieve(spark, inc, incremental=True)["skipped"]  # nothing new since
+
+
+def test_only_new_scene_hits_that_reach_the_kept_top_k_are_merged(spark):
+    from jobs.retrieve import entering_hits
+
+    columns = ["query_id", "retrieval_type", "encoder_version", "scene_id", "similarity"]
+    kept = spark.createDataFrame([("q1", "t2t", "v", "s1", 0.9), ("q1", "t2t", "v", "s2", 0.8),
+                                  ("q1", "t2t", "v", "s3", 0.7), ("q2", "t2t", "v", "s1", 0.9),
+                                  ("q1", "i2t", "v", "s1", 0.2)], columns)
+    found = spark.createDataFrame([
+        ("q1", "t2t", "v", "new1", 0.75),  # beats the 3rd kept hit (0.7): enters
+        ("q1", "t2t", "v", "new2", 0.5),   # below a full group's floor: changes nothing
+        ("q1", "t2t", "v", "new3", 0.7),   # ties the floor: merged (the scene id decides its rank)
+        ("q2", "t2t", "v", "new4", 0.1),   # q2's group holds 1 of 3: any hit enters
+        ("q3", "t2t", "v", "new5", 0.1),   # no kept group at all
+        ("q1", "i2t", "v", "new6", 0.1),   # another type's group (1 of 3) of the same query
+        ("q1", "t2t", "w", "new7", 0.1),   # another encoder version: its own (empty) group
+    ], columns)
+    entering = {r.scene_id for r in entering_hits(kept, found, top_k=3).collect()}
+    assert entering == {"new1", "new3", "new4", "new5", "new6", "new7"}
