@@ -292,7 +292,7 @@ def part_retrieval(args) -> dict:
     for kind in ("flat", "ivf", "hnsw"):
         started = time.perf_counter()
         index = build_scene_index(scenes, ids, kind, nlist=conf.nlist, nprobe=conf.nprobe, hnsw_m=conf.hnsw_m,
-                                  ef_search=conf.ef_search)
+                                  ef_search=conf.ef_search, ef_construction=conf.ef_construction)
         built = time.perf_counter() - started
         print(f"{kind}: built in {built:.1f} s", file=sys.stderr)
         settings = search_settings(index, args)
@@ -334,7 +334,8 @@ def part_retrieval_real(args) -> dict:
     exact = search_all(build_scene_index(scene_vectors, ids, "flat"), query_vectors, 10)
     nlist = default_nlist(len(scenes))
     ivf = build_scene_index(scene_vectors, ids, "ivf", nlist=nlist, nprobe=conf.nprobe)
-    hnsw = build_scene_index(scene_vectors, ids, "hnsw", hnsw_m=conf.hnsw_m, ef_search=conf.ef_search)
+    hnsw = build_scene_index(scene_vectors, ids, "hnsw", hnsw_m=conf.hnsw_m, ef_search=conf.ef_search,
+                             ef_construction=conf.ef_construction)
     ivf_settings = search_settings(ivf, args, max_nprobe=nlist)
     recall = {}
     for setting in ivf_settings + search_settings(hnsw, args):
@@ -348,11 +349,12 @@ def part_retrieval_real(args) -> dict:
 
 
 def _setting_name(kind: str, params: dict[str, int]) -> str:
-    """``flat``, ``ivf1024/nprobe8``, ``hnsw32/ef64``: an index and its search setting."""
+    """``flat``, ``ivf1024/nprobe8``, ``hnsw32/efc200/ef64``: an index and its search setting."""
     if kind == "ivf":
         return f"ivf{params['nlist']}/nprobe{params['nprobe']}"
     if kind == "hnsw":
-        return f"hnsw{params['hnsw_m']}/ef{params['ef_search']}"
+        built = f"/efc{params['ef_construction']}" if "ef_construction" in params else ""
+        return f"hnsw{params['hnsw_m']}{built}/ef{params['ef_search']}"
     return kind
 
 

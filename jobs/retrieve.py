@@ -92,6 +92,7 @@ def build_index(scene_ids: list[str], vectors: pd.Series, conf: IndexConf) -> Sc
     return build_scene_index(
         stack_vectors(vectors, "scene vectors"), scene_ids, index_type,
         nlist=conf.nlist, nprobe=conf.nprobe, hnsw_m=conf.hnsw_m, ef_search=conf.ef_search,
+        ef_construction=conf.ef_construction,
     )
 
 

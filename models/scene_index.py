@@ -12,8 +12,8 @@ Three index types:
   stylized scenes the public corpora hold.
 - ``ivf``: ``IVF<nlist>,Flat`` with inner product, trained on the scene vectors; ``nprobe`` lists are
   scanned per query.
-- ``hnsw``: ``IndexHNSWFlat`` with ``METRIC_INNER_PRODUCT``, ``hnsw_m`` links per node, ``ef_search``
-  candidates per query.
+- ``hnsw``: ``IndexHNSWFlat`` with ``METRIC_INNER_PRODUCT``, ``hnsw_m`` links per node, built with
+  ``ef_construction`` candidates per insertion, ``ef_search`` candidates per query.
 
 Rows map to scene ids through an id array stored next to the Faiss index (scene ids are strings, which
 ``IndexIDMap``'s int64 ids cannot carry).
@@ -323,6 +323,7 @@ def build_scene_index(
     nprobe: int = 16,
     hnsw_m: int = 32,
     ef_search: int = 128,
+    ef_construction: int = 200,
     use_gpu: bool = False,
     gpu_fallback: str = "cpu",
 ) -> SceneIndex:
@@ -331,7 +332,9 @@ def build_scene_index(
     ``vectors``: float32 [n, d] L2-normalised (as every ``SceneEncoder`` returns them); ``scene_ids``:
     n distinct strings, row i naming the scene of ``vectors[i]``. ``index_type``: ``flat`` (exact),
     ``ivf`` (``nlist`` lists, default :func:`default_nlist`, ``nprobe`` scanned per query, capped at
-    ``nlist``) or ``hnsw`` (``hnsw_m`` links per node, ``ef_search`` candidates per query).
+    ``nlist``) or ``hnsw`` (``hnsw_m`` links per node, ``ef_construction`` candidates per insertion while it is
+    built: Faiss's default is 40, a larger one builds a better graph at the same search cost; ``ef_search``
+    candidates per query).
     ``use_gpu`` moves the flat or IVF index to every GPU with ``faiss.index_cpu_to_all_gpus`` when
     faiss-gpu sees one (``faiss.get_num_gpus() > 0``); otherwise (or for ``hnsw``) ``gpu_fallback="cpu"``
     searches on CPU and records why in :attr:`SceneIndex.gpu_fallback_reason`, and ``gpu_fallback="error"``
@@ -363,7 +366,9 @@ def build_scene_index(
         params = {
             "hnsw_m": _positive_int(hnsw_m, "hnsw_m", minimum=2),
             "ef_search": _positive_int(ef_search, "ef_search"),
+            "ef_construction": _positive_int(ef_construction, "ef_construction"),
         }
         index = faiss.IndexHNSWFlat(dim, params["hnsw_m"], faiss.METRIC_INNER_PRODUCT)
+        index.hnsw.efConstruction = params["ef_construction"]
     index.add(array)
     return SceneIndex(index, ids, index_type, params, use_gpu=use_gpu, gpu_fallback=gpu_fallback)

@@ -221,3 +221,15 @@ def test_use_gpu_moves_the_index_only_where_faiss_sees_a_gpu() -> None:
     assert got.scene_id.tolist() == expected.scene_id.tolist()
     np.testing.assert_allclose(got.similarity, expected.similarity, atol=1e-5)
     assert not build_scene_index(vectors, scene_ids(300), index_type="hnsw", use_gpu=True).on_gpu
+
+
+def test_hnsw_is_built_with_the_configured_ef_construction() -> None:
+    rng = np.random.default_rng(6)
+    vectors = uniform_sphere(rng, 300, 16)
+    graph = build_scene_index(vectors, scene_ids(300), index_type="hnsw", ef_construction=17, ef_search=8)
+    assert graph.params == {"hnsw_m": 32, "ef_search": 8, "ef_construction": 17}
+    assert graph._cpu_index.hnsw.efConstruction == 17 and graph._cpu_index.hnsw.efSearch == 8
+    assert SceneIndex.from_bytes(graph.to_bytes()).params["ef_construction"] == 17
+    assert build_scene_index(vectors, scene_ids(300), index_type="hnsw").params["ef_construction"] == 200
+    with pytest.raises(ValueError, match="ef_construction"):
+        build_scene_index(vectors, scene_ids(300), index_type="hnsw", ef_construction=0)
