@@ -353,8 +353,7 @@ def _setting_name(kind: str, params: dict[str, int]) -> str:
     if kind == "ivf":
         return f"ivf{params['nlist']}/nprobe{params['nprobe']}"
     if kind == "hnsw":
-        built = f"/efc{params['ef_construction']}" if "ef_construction" in params else ""
-        return f"hnsw{params['hnsw_m']}{built}/ef{params['ef_search']}"
+        return f"hnsw{params['hnsw_m']}/efc{params['ef_construction']}/ef{params['ef_search']}"
     return kind
 
 

@@ -203,7 +203,8 @@ class SceneIndex:
         """This index searched with other search parameters: ``nprobe`` for ``ivf``, ``ef_search`` for ``hnsw``.
 
         The result holds a copy of the Faiss index (trained lists or built graph included, nothing is rebuilt), so
-        this index keeps searching with its own parameters. Build parameters (``nlist``, ``hnsw_m``) cannot change.
+        this index keeps searching with its own parameters. Build parameters (``nlist``, ``hnsw_m``,
+        ``ef_construction``) cannot change.
         """
         allowed = {"ivf": {"nprobe"}, "hnsw": {"ef_search"}}.get(self.index_type, set())
         unknown = sorted(set(changes) - allowed)
