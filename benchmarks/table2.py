@@ -6,8 +6,8 @@ Runs the experiment (or reads a finished one by its MLflow run id) and writes
   "cls_independent", "ppl", "train_pairs", ...}], "leakage": {...}, "not_measured": {STYLE: REASON},
   "command": "...", ...}`` (Table 2's cells only: variant original / augmented; every cell, Table 5's and Fig. 5's
   too, is in ``cells``);
-- ``table2.md``: the experiment's report (Table 2 layout with delta C % and delta cls., Table 5, Fig. 5), and the
-  plots next to it.
+- ``table2.md``: the experiment's report (Table 2 layout with delta C % and delta cls., Table 5, Fig. 5's size and
+  eps curves), and the plots next to it.
 
 On the real corpora, after ERG has run on them (the generator trained):
 
@@ -63,13 +63,13 @@ def write_results(result: dict[str, Any], out_dir: str | Path) -> dict[str, str]
             "stage_seconds": result.get("stage_seconds"), "summary": table2_summary(result["rows"]),
             "cells": [{k: row.get(k) for k in ROW_KEYS} for row in result["rows"]],
             "table5": {k: v for k, v in (result.get("table5") or {}).items() if k != "markdown"},
-            "fig5": {k: v for k, v in (result.get("fig5") or {}).items() if k != "markdown"},
+            "fig5": {k: v for k, v in (result.get("fig5") or {}).items() if k not in ("markdown", "eps_markdown")},
             "modes": result.get("modes") or []}
     json_path = out / "table2.json"
     json_path.write_text(json.dumps(data, indent=2, default=str) + "\n")
     md_path = out / "table2.md"
     md_path.write_text(render_report(result))
-    for name in ("table2.png", "fig5_size.png"):
+    for name in ("table2.png", "fig5_size.png", "fig5_eps.png"):
         source = Path(report_dir) / name if report_dir else None
         if source is not None and source.is_file():
             shutil.copyfile(source, out / name)

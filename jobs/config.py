@@ -392,6 +392,10 @@ class TrainConf(_Section):
         "the image file at images.uri), regions (images.region_features, e.g. 36 x 2048 Faster R-CNN), "
         "retrieval_embeddings (the retrieval encoder's image vector in `embeddings`, as before)")
     visual_context: VisualContextConf = Field(default_factory=VisualContextConf)
+    features_cache_schema: Optional[str] = Field(
+        None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="schema whose feature cache (<home>/features/<schema>) is read and extended; null = "
+        "tables.schema. The cache is keyed by content (a text's SHA-1 or an image id) and the encoder version, so "
+        "schemas over the same data may share one (erg experiment's eps sweep shares the main schema's)")
     clip: EncoderConf = Field(default_factory=lambda: EncoderConf(kind="clip", name_or_path="openai/clip-vit-base-patch32"),
                               description="features: clip: the CLIP checkpoint (name or path) run on the image files")
     max_regions: int = Field(36, ge=1, description="features: regions: region vectors kept per image")
@@ -471,19 +475,31 @@ class Table5Conf(_Section):
 
 
 class Fig5Conf(_Section):
-    """Fig. 5 (size): C and cls. against the share of the augmented pairs used. (Fig. 5's eps curve needs extract and
-    generate rerun per eps value; `erg run --set extract.eps=...` in another ERG_HOME, then an experiment there.)"""
+    """Fig. 5: C and cls. against the share of the augmented pairs used (size), and against the extraction
+    proportion eps (each eps other than ``extract.eps`` is another ERG run, in a schema of its own: jobs.eps_sweep)."""
     enabled: bool = True
     captioner: Literal["nic", "transformer", "updown"] = "nic"
     style_set: Optional[str] = Field(None, description="the style set measured; null = the first of style_sets")
     sizes: list[float] = Field(default_factory=lambda: [0.0, 0.25, 0.5, 1.0], description="shares of the "
                                "augmented pairs (nested subsets chosen by a hash of the pair id)")
+    eps: list[float] = Field(default_factory=list, description="extraction proportions of the eps curve (the paper: "
+                             "[0.05, 0.25, 0.5]); each one other than extract.eps reruns extract (the same "
+                             "classifiers, the style head re-selected at that eps), embed, retrieve and generate in "
+                             "the schema <tables.schema>_eps<eps> and trains Fig. 5's captioner on its pairs; [] = no "
+                             "eps curve")
 
     @field_validator("sizes")
     @classmethod
     def _sizes(cls, value: list[float]) -> list[float]:
         if any(not 0 <= v <= 1 for v in value):
             raise ValueError("shares of the augmented pairs must lie in [0, 1], e.g. [0, 0.25, 0.5, 1]")
+        return sorted(set(value))
+
+    @field_validator("eps")
+    @classmethod
+    def _eps(cls, value: list[float]) -> list[float]:
+        if any(isinstance(v, bool) or not 0 < v < 1 for v in value):
+            raise ValueError("extraction proportions must lie in (0, 1), e.g. [0.05, 0.25, 0.5]")
         return sorted(set(value))
 
 

@@ -10,7 +10,9 @@ which settings.
    Test = every (image, style) of the test split with its stylized captions as references (``max_test_images``).
 3. **Cells.** Table 2: each measured style x ``experiment.captioners`` x {original, augmented}. Table 5 (one
    captioner, one style set): each retrieval type's augmented pairs alone. Fig. 5 (likewise): shares of the
-   augmented pairs (nested: the first share of the same hash order). Equal cells are trained once. Every cell's
+   augmented pairs (nested: the first share of the same hash order), and the augmented pairs of ERG rerun at each
+   other extraction proportion eps (``experiment.fig5.eps``: :mod:`jobs.eps_sweep`, run before the cells, each in
+   a schema of its own; :func:`measure_eps`). Equal cells are trained once. Every cell's
    pairs are written as its training snapshot, then one TorchDistributor (or Horovod) launch trains all the cells'
    captioners one after the other in the same worker processes; each cell is a child MLflow run.
 4. **Scores.** Per style, every cell's captioner captions the test images (greedy, an iterator pandas UDF), scored
@@ -18,8 +20,9 @@ which settings.
    generate), cls. by an *independent* classifier trained here on the half of the train split's images that a hash
    puts in half B (never a filter, so no filter grades its own output), and ppl. under the style's trigram LM.
 5. **Report.** ``report.md`` (Table 2 layout with delta C % and delta cls., Table 5, Fig. 5, each cell's most
-   frequent captions), ``table2.png``, ``fig5_size.png``, ``experiment.json`` (rows, leakage, not_measured, modes)
-   and ``hypotheses.parquet`` (every cell's scored caption of every test image) as artifacts of the parent run.
+   frequent captions), ``table2.png``, ``fig5_size.png``, ``fig5_eps.png``, ``experiment.json`` (rows, leakage,
+   not_measured, modes) and ``hypotheses.parquet`` (every cell's scored caption of every test image) as artifacts of
+   the parent run.
 
 A style is *not measured* (listed with the reason) when it has no train pair or fewer than ``min_test_images``
 test images with scene features: e.g. SentiCap's train images have no tags or descriptions on ../shared/data.
@@ -53,17 +56,19 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Cell:
     """One captioner trained on one style's pairs: ``types`` None = every retrieval type; ``fraction`` = the
-    share of the (capped) augmented pairs, 0 for the original pairs alone."""
+    share of the (capped) augmented pairs, 0 for the original pairs alone; ``eps`` = the extraction proportion of
+    the eps sweep's ERG run whose augmented pairs it takes (None: the main run's)."""
 
     style: str
     captioner: str
     variant: str
     types: tuple[str, ...] | None
     fraction: float
+    eps: float | None = None
 
     @property
     def key(self) -> tuple:
-        return (self.style, self.captioner, self.types, self.fraction if self.fraction else 0.0)
+        return (self.style, self.captioner, self.types, self.fraction if self.fraction else 0.0, self.eps)
 
     @property
     def name(self) -> str:
@@ -438,6 +443,7 @@ def score_cells(spark: SparkSession, cfg: ErgConfig, trained: dict[str, dict[str
                                if "independent_probability" in group else float("nan"))
                 row = {"style": style, "captioner": cell.captioner, "variant": cell.variant,
                        "types": list(cell.types) if cell.types else "all", "fraction": cell.fraction,
+                       "eps": cell.eps,
                        "bleu1": scores["BLEU-1"], "bleu3": scores["BLEU-3"], "meteor": scores["METEOR"],
                        "cider": scores["CIDEr"], "cls": scores["cls."], "cls_independent": independent,
                        "ppl": scores["ppl."], "ppl_nonfinite": nonfinite_perplexities(group),
@@ -456,6 +462,33 @@ def score_cells(spark: SparkSession, cfg: ErgConfig, trained: dict[str, dict[str
     order = {name: i for i, name in enumerate(trained)}
     rows.sort(key=lambda r: order[f"{r['style']}/{r['captioner']}/{r['variant']}"])
     return rows, samples, pd.concat(captions, ignore_index=True) if captions else pd.DataFrame()
+
+
+def measure_eps(spark: SparkSession, cfg_eps: ErgConfig, run: dict[str, Any], f5: tuple, folder: Path,
+                parent_id: str, lap, classifiers_path: str, lm_path: str, grader: dict[str, Any] | None
+                ) -> dict[str, Any]:
+    """Fig. 5's eps curve, one eps: Fig. 5's captioner trained on each style's original pairs plus the passing
+    augmented pairs of the ERG run at that eps (``cfg_eps``'s schema, :func:`jobs.eps_sweep.run_erg_at`; capped as
+    the main cells), scored as every cell (the main run's evaluation classifiers, LM and independent grader).
+    Returns ``{"rows", "samples", "hypotheses", "leakage", "not_measured"}``."""
+    captioner, styles, _ = f5
+    eps, version = run["eps"], run["generator_version"]
+    data = load_data(spark, cfg_eps, styles, version)
+    try:
+        measured, not_measured, pool = measurable_styles(cfg_eps, styles, data.counts, data.available,
+                                                         data.test_counts, version)
+    except RuntimeError as exc:
+        data.unpersist()
+        return {"rows": [], "samples": [], "hypotheses": pd.DataFrame(), "leakage": {},
+                "not_measured": {s: str(exc) for s in styles}}
+    cells = [Cell(style, captioner, f"augmented@eps={eps:g}", None, 1.0, eps) for style in measured]
+    leakage = measure_leakage(spark, cfg_eps, data, pool)
+    trained = train_cells(spark, cfg_eps, cells, data, pool, folder, parent_id, lap)
+    rows, samples, hypotheses = score_cells(spark, cfg_eps, trained, data, measured, classifiers_path, lm_path,
+                                            grader)
+    data.unpersist()
+    return {"rows": rows, "samples": samples, "hypotheses": hypotheses, "leakage": leakage,
+            "not_measured": not_measured}
 
 
 def describe_setup(cfg: ErgConfig, generator: dict[str, Any], classifiers: dict[str, Any],
@@ -499,6 +532,8 @@ def write_report(result: dict[str, Any], folder: Path, hypotheses: pd.DataFrame 
         plot_table2(result["rows"], out / "table2.png")
         if result.get("fig5", {}).get("points"):
             plot_fig5(result["fig5"]["points"], out / "fig5_size.png")
+        if result.get("fig5", {}).get("eps_points"):
+            plot_fig5(result["fig5"]["eps_points"], out / "fig5_eps.png", x="eps")
         if hypotheses is not None and len(hypotheses):
             hypotheses.to_parquet(out / "hypotheses.parquet", index=False)
         mlflow.log_artifacts(str(out), "report")
@@ -512,9 +547,11 @@ def run_experiment(spark: SparkSession, cfg: ErgConfig, *, command: str | None =
     """Run the experiment (module docstring); returns the result (rows, tables, leakage, not_measured, run ids)."""
     import mlflow
 
+    from jobs.eps_sweep import run_erg_at, sweep_values
     from jobs.extract import EVALUATION_CLASSIFIERS
     from jobs.train import check_hparams
-    from models.experiment_report import caption_modes, render_fig5, render_table5, size_curve
+    from models.experiment_report import (caption_modes, eps_curve, render_fig5, render_fig5_eps, render_table5,
+                                          size_curve)
 
     e = cfg.experiment
     command = command or _command()
@@ -524,6 +561,9 @@ def run_experiment(spark: SparkSession, cfg: ErgConfig, *, command: str | None =
         from jobs.pipeline import run_pipeline
 
         erg_result = run_pipeline(spark, cfg)
+    eps_runs = []  # Fig. 5's eps curve: ERG at each other eps, in a schema of its own, before the parent run
+    for eps in sweep_values(cfg):
+        eps_runs.append(run_erg_at(spark, cfg, eps))
     generator = require_current(cfg, "generator", "run")
     classifiers = require_current(cfg, EVALUATION_CLASSIFIERS, "extract")
     for captioner in e.captioners:
@@ -571,6 +611,19 @@ def run_experiment(spark: SparkSession, cfg: ErgConfig, *, command: str | None =
                                                 generator["lm_path"], grader)
         data.unpersist()
         lap("decode_and_score")
+        eps_measured = []
+        if f5 is not None:
+            for cfg_eps, run in eps_runs:
+                tag = f"eps{run['eps']:g}"
+                got = measure_eps(spark, cfg_eps, run, f5, folder / tag, parent_id,
+                                  lambda stage, tag=tag: lap(f"{tag}.{stage}"), classifiers["path"],
+                                  generator["lm_path"], grader)
+                rows += got["rows"]
+                samples += got["samples"]
+                hypotheses = pd.concat([hypotheses, got["hypotheses"]], ignore_index=True)
+                leakage.update({f"{tag}.{k}": v for k, v in got["leakage"].items()})
+                eps_measured.append({**run, "not_measured": got["not_measured"]})
+                lap(f"{tag}.decode_and_score")
 
         result: dict[str, Any] = {
             "command": command, "run_id": parent_id, "styles": measured, "captioners": list(e.captioners),
@@ -587,13 +640,18 @@ def run_experiment(spark: SparkSession, cfg: ErgConfig, *, command: str | None =
         if f5 is not None:
             points = size_curve(rows, f5[0], f5[1])
             result["fig5"] = {"captioner": f5[0], "styles": f5[1], "points": points, "markdown": render_fig5(points)}
+            if eps_runs:
+                eps_points = eps_curve(rows, f5[0], f5[1], cfg.extract.eps)
+                result["fig5"].update({"eps_points": eps_points, "eps_markdown": render_fig5_eps(eps_points),
+                                       "eps_runs": eps_measured})
         result["report_dir"] = str(write_report(result, folder, hypotheses))
         log_counts({**{k: v for k, v in data.counts.items() if isinstance(v, (int, float))},
                     **{f"leakage.{k}": v for k, v in leakage.items()}, "cells": len(cells),
                     **{f"stage_seconds.{k}": v for k, v in stages.items()},
                     "seconds": result["seconds"]})
         for row in rows:
-            prefix = f"{row['style']}.{row['captioner']}.{row['variant']}".replace(":", "_").replace("@", "_at_")
+            prefix = (f"{row['style']}.{row['captioner']}.{row['variant']}".replace(":", "_").replace("@", "_at_")
+                      .replace("=", ""))
             log_counts({f"{prefix}.{m}": row[m] for m in ("bleu1", "bleu3", "meteor", "cider", "cls", "ppl")
                         if row[m] is not None and not math.isnan(row[m])})
         return result

@@ -17,9 +17,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from jobs.config import ErgConfig
+from jobs.config import ErgConfig, TablesConf
 
 CURRENT_ALIAS = "current"
+DEFAULT_SCHEMA = TablesConf.model_fields["schema_name"].default
 RECORD_TAG = "erg.record"
 
 
@@ -112,9 +113,13 @@ def require_current(cfg: ErgConfig, kind: str, job: str) -> dict[str, Any]:
 
 
 def registered_name(cfg: ErgConfig, name: str) -> str:
-    """``erg_style_classifier`` locally; ``<catalog>.<schema>.erg_style_classifier`` in Unity Catalog."""
+    """``<catalog>.<schema>.erg_style_classifier`` in Unity Catalog; locally ``erg_style_classifier`` for the
+    default schema and ``<schema>.erg_style_classifier`` for any other, so that two schemas sharing one MLflow store
+    (e.g. ``erg experiment``'s eps sweep, :mod:`jobs.eps_sweep`) never move each other's ``current`` alias."""
     if cfg.mlflow.registry_uri == "databricks-uc" and cfg.tables.catalog:
         return f"{cfg.tables.catalog}.{cfg.tables.schema_name}.{name}"
+    if cfg.tables.schema_name != DEFAULT_SCHEMA:
+        return f"{cfg.tables.schema_name}.{name}"
     return name
 
 

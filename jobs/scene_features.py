@@ -146,7 +146,8 @@ def _encoder_spec(conf):
 
 
 def _cache_path(cfg: ErgConfig, kind: str, version: str) -> str:
-    schema = f"{cfg.tables.catalog}.{cfg.tables.schema_name}" if cfg.tables.catalog else cfg.tables.schema_name
+    schema = cfg.train.features_cache_schema or cfg.tables.schema_name
+    schema = f"{cfg.tables.catalog}.{schema}" if cfg.tables.catalog else schema
     return str(Path(cfg.home) / "features" / schema / kind / version.replace("/", "_").replace(":", "_"))
 
 

@@ -119,7 +119,7 @@ def size_curve(rows: Sequence[Mapping[str, Any]], captioner: str, styles: Sequen
     """Fig. 5's points: per style, (share of augmented pairs, train pairs, CIDEr, cls.), by share."""
     points = []
     for row in rows:
-        if row["captioner"] != captioner or row["style"] not in styles:
+        if row["captioner"] != captioner or row["style"] not in styles or row.get("eps") is not None:
             continue
         if row["variant"] == "original":
             share = 0.0
@@ -143,6 +143,42 @@ def render_fig5(points: Sequence[Mapping[str, Any]]) -> str:
     for p in points:
         lines.append(f"| {p['style']} | {p['share'] * 100:.0f}% | {p['train_pairs']} | {_number(p['cider'], 'cider')}"
                      f" | {_number(p['cls'], 'cls')} | {_number(p.get('cls_independent'), 'cls')} |")
+    return "\n".join(lines) + "\n"
+
+
+def eps_curve(rows: Sequence[Mapping[str, Any]], captioner: str, styles: Sequence[str], default_eps: float
+              ) -> list[dict[str, Any]]:
+    """Fig. 5's eps points: per style, (eps, augmented pairs, CIDEr, cls.) of the captioner trained on the original
+    plus all augmented pairs of the ERG run at that eps (the main run's ``augmented`` cell at ``default_eps``; an
+    eps sweep cell carries its ``eps``), by eps; ``original`` is the same style's cell without augmented pairs."""
+    original = {r["style"]: r for r in rows if r["captioner"] == captioner and r["variant"] == "original"}
+    points = []
+    for row in rows:
+        if row["captioner"] != captioner or row["style"] not in styles:
+            continue
+        if row.get("eps") is not None:
+            eps = float(row["eps"])
+        elif row["variant"] == "augmented":
+            eps = float(default_eps)
+        else:
+            continue
+        before = original.get(row["style"], {})
+        points.append({"style": row["style"], "eps": eps, "augmented_pairs": row.get("train_pairs_augmented"),
+                       "cider": row["cider"], "cls": row["cls"], "cls_independent": row.get("cls_independent"),
+                       "original_cider": before.get("cider"), "original_cls": before.get("cls")})
+    return sorted(points, key=lambda p: (list(styles).index(p["style"]), p["eps"]))
+
+
+def render_fig5_eps(points: Sequence[Mapping[str, Any]]) -> str:
+    """Fig. 5's eps points as a markdown table (the original cell's C and cls. beside each)."""
+    if not points:
+        return ""
+    lines = ["| style | eps | augmented pairs | C | cls. | cls. (indep.) | C (original) | cls. (original) |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for p in points:
+        lines.append(f"| {p['style']} | {p['eps']:g} | {p['augmented_pairs']} | {_number(p['cider'], 'cider')} | "
+                     f"{_number(p['cls'], 'cls')} | {_number(p.get('cls_independent'), 'cls')} | "
+                     f"{_number(p.get('original_cider'), 'cider')} | {_number(p.get('original_cls'), 'cls')} |")
     return "\n".join(lines) + "\n"
 
 
@@ -177,8 +213,9 @@ def plot_table2(rows: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
     return _save(fig, axes, path)
 
 
-def plot_fig5(points: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
-    """CIDEr and cls. against the share of augmented pairs, one line per style (PNG)."""
+def plot_fig5(points: Sequence[Mapping[str, Any]], path: str | Path, x: str = "share") -> Path:
+    """CIDEr and cls. against the share of augmented pairs (``x`` share) or eps (``x`` eps), one line per style
+    (PNG)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -187,11 +224,11 @@ def plot_fig5(points: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
     fig, axes = plt.subplots(1, 2, figsize=(8, 3.4))
     for style in dict.fromkeys(p["style"] for p in points):
         mine = [p for p in points if p["style"] == style]
-        shares = [100 * p["share"] for p in mine]
-        axes[0].plot(shares, [100 * p["cider"] for p in mine], marker="o", label=style)
-        axes[1].plot(shares, [100 * p["cls"] for p in mine], marker="o", label=style)
+        xs = [100 * p["share"] if x == "share" else p["eps"] for p in mine]
+        axes[0].plot(xs, [100 * p["cider"] for p in mine], marker="o", label=style)
+        axes[1].plot(xs, [100 * p["cls"] for p in mine], marker="o", label=style)
     for ax, title in ((axes[0], "CIDEr x 100"), (axes[1], "cls. (%)")):
-        ax.set_xlabel("augmented pairs used (%)")
+        ax.set_xlabel("augmented pairs used (%)" if x == "share" else "extraction proportion eps")
         ax.set_title(title)
     return _save(fig, axes, path)
 
@@ -251,6 +288,14 @@ def render_report(result: Mapping[str, Any]) -> str:
     if f5.get("markdown"):
         parts += [f"## Fig. 5: size ({f5['captioner']}, {', '.join(f5['styles'])})", "", f5["markdown"],
                   "![fig5](fig5_size.png)", ""]
+    if f5.get("eps_markdown"):
+        parts += [f"## Fig. 5: eps ({f5['captioner']}, {', '.join(f5['styles'])})", "",
+                  "Each eps other than extract.eps is an ERG run of its own (same classifiers, the style head "
+                  "re-selected at that eps, a generator trained on its phrases); the captioner is trained on the "
+                  "original pairs plus that run's augmented pairs.", "", f5["eps_markdown"],
+                  *[f"- eps {r['eps']:g}: schema {r['schema']}, generator {r['generator_version']}"
+                    + (f", style heads {r['heads']}" if r.get("heads") else "") for r in f5.get("eps_runs", [])],
+                  "", "![fig5 eps](fig5_eps.png)", ""]
     parts += ["## Leakage", "", *[f"- {k}: {v}" for k, v in result.get("leakage", {}).items()], ""]
     not_measured = result.get("not_measured") or {}
     parts += ["## Not measured", ""]

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from jobs.experiment import Cell, plan_cells
-from models.experiment_report import (caption_modes, cider_gain_percent, plot_fig5, plot_table2, render_fig5,
-                                      render_modes, render_report, render_table2, render_table5, size_curve,
-                                      table2_rows)
+from models.experiment_report import (caption_modes, cider_gain_percent, eps_curve, plot_fig5, plot_table2,
+                                      render_fig5, render_fig5_eps, render_modes, render_report, render_table2,
+                                      render_table5, size_curve, table2_rows)
 
 
 def row(style: str, captioner: str, variant: str, cider: float, cls: float, pairs: int) -> dict:
@@ -44,6 +44,25 @@ def test_table2_deltas_are_relative_cider_and_cls_points() -> None:
     assert [(p["share"], p["train_pairs"]) for p in points] == [(0.0, 100), (0.5, 125), (1.0, 150)]
     assert "| humor | 50% | 125 | 22.0 | 50.0 | 25.0 |" in render_fig5(points)
     assert "| humor | none (original) |" in render_table5(rows, "nic", ["humor"])
+
+
+def test_eps_curve_takes_the_main_augmented_cell_at_extract_eps_and_each_sweep_cell(tmp_path: Path) -> None:
+    rows = [row("humor", "nic", "original", 0.20, 0.40, 100), row("humor", "nic", "augmented", 0.25, 0.55, 150),
+            row("humor", "nic", "augmented@0.5", 0.22, 0.50, 125),
+            {**row("humor", "nic", "augmented@eps=0.5", 0.23, 0.60, 140), "eps": 0.5, "train_pairs_augmented": 40},
+            {**row("humor", "nic", "augmented@eps=0.05", 0.21, 0.45, 130), "eps": 0.05, "train_pairs_augmented": 30}]
+    rows[1]["train_pairs_augmented"] = 50
+    points = eps_curve(rows, "nic", ["humor"], 0.25)
+    assert [(p["eps"], p["augmented_pairs"], p["cls"]) for p in points] == [(0.05, 30, 0.45), (0.25, 50, 0.55),
+                                                                            (0.5, 40, 0.60)]
+    assert all(p["original_cls"] == 0.40 for p in points)
+    assert "| humor | 0.05 | 30 | 21.0 | 45.0 | 22.5 | 20.0 | 40.0 |" in render_fig5_eps(points)
+    # the sweep's cells are not points of the size curve, nor Table 2 cells
+    assert [p["share"] for p in size_curve(rows, "nic", ["humor"])] == [0.0, 0.5, 1.0]
+    assert [r["variant"] for r in table2_rows(rows)] == ["original", "augmented"]
+    assert plot_fig5(points, tmp_path / "eps.png", x="eps").read_bytes()[:4] == b"\x89PNG"
+    assert Cell("humor", "nic", "augmented@eps=0.5", None, 1.0, 0.5).key != Cell("humor", "nic", "augmented",
+                                                                                None, 1.0).key
 
 
 def test_report_and_plots_are_written(tmp_path: Path) -> None:

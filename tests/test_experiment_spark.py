@@ -93,7 +93,7 @@ def setup(spark, erg_home) -> dict:
                  "train.hparams={embed_dim: 16, hidden_dim: 32}", "train.visual_context.max_regions=8",
                  "train.inserted_word_weight=3", "experiment.captioners=[nic]",
                  "experiment.min_test_images=1", "experiment.max_augmented_pairs=5",
-                 "experiment.fig5.sizes=[0, 0.5, 1]", "experiment.samples_to_log=1", "evaluate.max_len=12"]
+                 "experiment.fig5.sizes=[0, 0.5, 1]", "experiment.fig5.eps=[]", "experiment.samples_to_log=1", "evaluate.max_len=12"]
     cfg = load_config("test", overrides)
     get_spark(cfg)
     from jobs.tables import register_tables

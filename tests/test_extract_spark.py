@@ -9,7 +9,7 @@ import pytest
 
 from jobs.extract import (EVALUATION_CLASSIFIERS, classifier_kind, extract, factual_pool, set_classifier_data)
 from jobs.ingest import ingest
-from jobs.model_store import get_current
+from jobs.model_store import get_current, registered_name
 from jobs.spark import get_spark
 from jobs.tables import table_name
 
@@ -107,7 +107,8 @@ def test_extract_writes_style_phrases_and_reruns_incrementally(spark, fresh_cfg)
         assert {f"head_confidence_{name}.png", f"head_selection_{name}.json"} <= artifacts
         selection = mlflow.artifacts.load_dict(f"runs:/{result['run_id']}/head_selection_{name}.json")
         assert len(selection["confidence"]) == 6 and len(selection["confidence"][0]) == 12
-        versions = mlflow.MlflowClient().search_model_versions(f"name='erg_style_classifier_{name}'")
+        registered = registered_name(cfg, f"erg_style_classifier_{name}")  # <schema>.erg_... in this test's schema
+        versions = mlflow.MlflowClient().search_model_versions(f"name='{registered}'")
         assert any(v.run_id == result["run_id"] for v in versions)
 
     again = extract(spark, cfg, incremental=True)

@@ -74,3 +74,14 @@ def test_a_lost_record_is_an_error_that_names_the_fix(cfg) -> None:
     Path(version.tags[RECORD_TAG]).unlink()
     with pytest.raises(RuntimeError, match=r"erg_evaluation_classifiers@current .*no readable record.*erg run"):
         get_current(cfg, "evaluation_classifiers")
+
+
+def test_two_schemas_in_one_store_keep_their_own_current_models(cfg, tmp_path: Path) -> None:
+    """A schema other than the default registers its models as ``<schema>.erg_<kind>``: its current generator is
+    not the default schema's (erg experiment's eps sweep runs ERG in ``<schema>_eps<eps>`` beside the main one)."""
+    other = load_config("test", [f"home={tmp_path}", "tables.schema=erg_eps0p05"])
+    assert current_model_name(other, "generator") == "erg_eps0p05.erg_generator"
+    set_current(cfg, "generator", {"version": "main"})
+    set_current(other, "generator", {"version": "eps"})
+    assert get_current(cfg, "generator")["version"] == "main"
+    assert get_current(other, "generator")["version"] == "eps"
