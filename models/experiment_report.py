@@ -56,7 +56,8 @@ def table2_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 def table2_summary(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """How augmenting moved CIDEr and cls. over the Table 2 cells (style x captioner): ``cells``, ``cider_up``,
     ``cls_up`` / ``cls_equal`` / ``cls_down`` (cls. as printed, to 0.1 point), and per style the captioners whose
-    cls. rose (``cls_up_by_style``) and whether it rose with every captioner (``cls_up_every_captioner``)."""
+    cls. rose (``cls_up_by_style``), whether it rose with every captioner (``cls_up_every_captioner``) and the
+    style's cls. over its captioners, original vs augmented (``cls_by_style``: mean, delta in points)."""
     pairs = [r for r in table2_rows(rows) if r["variant"] == "augmented" and "delta_cls" in r]
     moved = [round(r["delta_cls"], 1) for r in pairs]
     by_style: dict[str, list[str]] = {}
@@ -65,20 +66,29 @@ def table2_summary(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         if delta > 0:
             by_style[r["style"]].append(r["captioner"])
     captioners = {s: sum(1 for r in pairs if r["style"] == s) for s in by_style}
+    cls_by_style = {}
+    for style in by_style:
+        mine = [r for r in pairs if r["style"] == style]
+        after = sum(r["cls"] for r in mine) / len(mine)
+        before = after - sum(r["delta_cls"] for r in mine) / len(mine) / 100.0
+        cls_by_style[style] = {"original": before, "augmented": after, "delta": round((after - before) * 100, 1)}
     return {"cells": len(pairs),
             "cider_up": sum(1 for r in pairs if r.get("delta_cider_percent", math.nan) > 0),
             "cls_up": sum(1 for d in moved if d > 0), "cls_equal": sum(1 for d in moved if d == 0),
             "cls_down": sum(1 for d in moved if d < 0), "cls_up_by_style": by_style,
-            "cls_up_every_captioner": {s: len(up) == captioners[s] for s, up in by_style.items()}}
+            "cls_up_every_captioner": {s: len(up) == captioners[s] for s, up in by_style.items()},
+            "cls_by_style": cls_by_style}
 
 
 def render_summary(summary: Mapping[str, Any]) -> str:
     """One sentence per count of :func:`table2_summary`."""
     styles = ", ".join(f"{s} ({'every captioner' if summary['cls_up_every_captioner'][s] else ', '.join(up) or 'none'})"
                        for s, up in summary["cls_up_by_style"].items())
+    means = "; ".join(f"{s} {v['original'] * 100:.1f} -> {v['augmented'] * 100:.1f} ({v['delta']:+.1f})"
+                      for s, v in (summary.get("cls_by_style") or {}).items())
     return (f"Augmented vs original over {summary['cells']} cells: CIDEr up in {summary['cider_up']}; cls. up in "
             f"{summary['cls_up']}, equal in {summary['cls_equal']}, down in {summary['cls_down']}. cls. up by style: "
-            f"{styles}.\n")
+            f"{styles}." + (f" cls. by style (mean over its captioners): {means}." if means else "") + "\n")
 
 
 def render_table2(rows: Sequence[Mapping[str, Any]]) -> str:

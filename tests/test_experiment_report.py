@@ -152,6 +152,12 @@ def test_table2_summary_counts_the_cells_that_moved() -> None:
     summary = table2_summary(rows)
     assert summary == {"cells": 3, "cider_up": 2, "cls_up": 1, "cls_equal": 1, "cls_down": 1,
                        "cls_up_by_style": {"humor": ["nic"], "positive": []},
-                       "cls_up_every_captioner": {"humor": False, "positive": False}}
+                       "cls_up_every_captioner": {"humor": False, "positive": False},
+                       "cls_by_style": {"humor": {"original": pytest.approx(0.65), "augmented": pytest.approx(0.6752),
+                                                  "delta": 2.5},
+                                        "positive": {"original": pytest.approx(1.0), "augmented": pytest.approx(0.99),
+                                                     "delta": -1.0}}}
     assert "CIDEr up in 2; cls. up in 1, equal in 1, down in 1" in render_summary(summary)
     assert "humor (nic), positive (none)" in render_summary(summary)
+    assert "cls. by style (mean over its captioners): humor 65.0 -> 67.5 (+2.5); positive 100.0 -> 99.0 (-1.0)." \
+        in render_summary(summary)
