@@ -61,6 +61,7 @@ def write_results(result: dict[str, Any], out_dir: str | Path) -> dict[str, str]
             "ppl_source": result.get("ppl_source"), "generator_version": result.get("generator_version"),
             "experiment_run_id": result.get("run_id"), "seconds": result.get("seconds"),
             "stage_seconds": result.get("stage_seconds"), "summary": table2_summary(result["rows"]),
+            "rendered_by": result.get("rendered_by"),
             "cells": [{k: row.get(k) for k in ROW_KEYS} for row in result["rows"]],
             "table5": {k: v for k, v in (result.get("table5") or {}).items() if k != "markdown"},
             "fig5": {k: v for k, v in (result.get("fig5") or {}).items() if k not in ("markdown", "eps_markdown")},
@@ -103,6 +104,8 @@ def main() -> None:
     cfg = load_config(args.conf, args.overrides)
     if args.run_id:
         result = load_result(cfg, args.run_id)
+        # the run's own command stays in "command"; this one only rendered its logged result again
+        result["rendered_by"] = " ".join(shlex.quote(a) for a in ["python", "benchmarks/table2.py", *sys.argv[1:]])
     else:
         from jobs.experiment import run_experiment
         from jobs.spark import get_spark
