@@ -474,6 +474,7 @@ def measure_eps(spark: SparkSession, cfg_eps: ErgConfig, run: dict[str, Any], f5
     captioner, styles, _ = f5
     eps, version = run["eps"], run["generator_version"]
     data = load_data(spark, cfg_eps, styles, version)
+    lap("features")
     try:
         measured, not_measured, pool = measurable_styles(cfg_eps, styles, data.counts, data.available,
                                                          data.test_counts, version)
@@ -483,6 +484,7 @@ def measure_eps(spark: SparkSession, cfg_eps: ErgConfig, run: dict[str, Any], f5
                 "not_measured": {s: str(exc) for s in styles}}
     cells = [Cell(style, captioner, f"augmented@eps={eps:g}", None, 1.0, eps) for style in measured]
     leakage = measure_leakage(spark, cfg_eps, data, pool)
+    lap("leakage")
     trained = train_cells(spark, cfg_eps, cells, data, pool, folder, parent_id, lap)
     rows, samples, hypotheses = score_cells(spark, cfg_eps, trained, data, measured, classifiers_path, lm_path,
                                             grader)
