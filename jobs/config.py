@@ -393,9 +393,10 @@ class TrainConf(_Section):
         "retrieval_embeddings (the retrieval encoder's image vector in `embeddings`, as before)")
     visual_context: VisualContextConf = Field(default_factory=VisualContextConf)
     features_cache_schema: Optional[str] = Field(
-        None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="schema whose feature cache (<home>/features/<schema>) is read and extended; null = "
-        "tables.schema. The cache is keyed by content (a text's SHA-1 or an image id) and the encoder version, so "
-        "schemas over the same data may share one (erg experiment's eps sweep shares the main schema's)")
+        None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="schema whose feature cache "
+        "(<home>/features/<schema>) is read and extended; null = tables.schema. The cache is keyed by content (a "
+        "text's SHA-1 or an image id) and the encoder version, so schemas over the same data may share one (erg "
+        "experiment's eps sweep shares the main schema's)")
     clip: EncoderConf = Field(default_factory=lambda: EncoderConf(kind="clip", name_or_path="openai/clip-vit-base-patch32"),
                               description="features: clip: the CLIP checkpoint (name or path) run on the image files")
     max_regions: int = Field(36, ge=1, description="features: regions: region vectors kept per image")
