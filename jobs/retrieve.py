@@ -445,16 +445,9 @@ def merge_new_scenes(spark: SparkSession, cfg: ErgConfig, scenes: pd.DataFrame, 
             with step_seconds(counts, "new_scenes.search"):
                 counts["incremental.new_scene_hits"] = found.count()
             with step_seconds(counts, "new_scenes.merge"):
-                # the kept rows of the groups with a new hit, read from `retrievals` once for both steps
-                group = ["query_id", "retrieval_type", "encoder_version"]
-                touched = kept.join(found.select(*group).distinct(), group, "left_semi").persist(
-                    StorageLevel.MEMORY_AND_DISK)
-                entering = entering_hits(touched, found, plan.top_k)
-                changes = merged_top_k(touched, entering, plan.top_k)
-                try:
-                    stats = apply_changes(spark, cfg, "retrievals", changes, compare=("rank", "similarity"))
-                finally:
-                    touched.unpersist()
+                entering = entering_hits(kept, found, plan.top_k)
+                changes = merged_top_k(kept, entering, plan.top_k)
+                stats = apply_changes(spark, cfg, "retrievals", changes, compare=("rank", "similarity"))
         finally:
             found.unpersist()
     counts.update({f"retrievals.{k}_by_new_scenes": float(v) for k, v in stats.items()})
