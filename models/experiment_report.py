@@ -66,11 +66,12 @@ def table2_summary(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         if delta > 0:
             by_style[r["style"]].append(r["captioner"])
     captioners = {s: sum(1 for r in pairs if r["style"] == s) for s in by_style}
+    original = {(r["style"], r["captioner"]): r["cls"] for r in rows if r["variant"] == "original"}
     cls_by_style = {}
     for style in by_style:
         mine = [r for r in pairs if r["style"] == style]
         after = sum(r["cls"] for r in mine) / len(mine)
-        before = after - sum(r["delta_cls"] for r in mine) / len(mine) / 100.0
+        before = sum(original[(r["style"], r["captioner"])] for r in mine) / len(mine)
         cls_by_style[style] = {"original": before, "augmented": after, "delta": round((after - before) * 100, 1)}
     return {"cells": len(pairs),
             "cider_up": sum(1 for r in pairs if r.get("delta_cider_percent", math.nan) > 0),
