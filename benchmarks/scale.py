@@ -34,8 +34,11 @@ each part does:
   - At the largest size (``--copy-vectors-at``), the factual vectors are not computed by the UDF. They are copied
     from the previous size's embeddings of the same caption text (the scale corpus repeats its captions). This is
     a Spark join written by ``merge_rows``, timed as that size's embed step and named in the result.
-- ``incremental``: on the 100K schema, one run with 1% new stylized and factual rows (ingest, embed, retrieve
-  ``incremental=True``), against the full run of that size.
+    ``--copy-vectors-at ''`` embeds every size with the UDF.
+  - A size measured again replaces its entry; the others keep theirs, each with the command that measured it.
+- ``incremental``: on the ``--incremental-size`` schema (100K by default), one run with 1% new stylized and factual
+  rows (ingest, embed, retrieve ``incremental=True``), against the full run of that size, which must have embedded
+  its vectors with the UDF.
 - ``generate``: the generator UDF (``udfs.generation.make_generator`` in ``mapInPandas``) against a plain
   ``models.generator.generate`` loop over the same candidates. It uses the current generator and the retrieval
   candidates of an existing ERG home (``--generate-home``, e.g. the real-data run).
@@ -449,13 +452,17 @@ def part_sizes(args, master: str) -> tuple[dict, dict]:
                        "items_per_s": factual / (ingest_s + retrieve_s),
                        "items_per_s_with_embed": factual / (ingest_s + embed_s + retrieve_s)}
         previous = cfg
-    first, last = str(args.sizes[0]), str(args.sizes[-1])
-    ratio = out[first]["items_per_s"] / out[last]["items_per_s"]
-    print(f"per-item cost (ingest + retrieve) at {last} / at {first}: {ratio:.2f}", file=sys.stderr)
-    return out, {"per_item_cost_ratio_largest_vs_smallest": ratio,
-                 "per_item_cost_counts": "ingest + retrieve (embed at the largest size is a copy, see vectors)",
-                 "images": args.images, "stylized_per_style": args.stylized_per_style,
+    return out, {"images": args.images, "stylized_per_style": args.stylized_per_style,
                  "corpus": "the sample's generator (jobs.sample), factual captions spread over the images"}
+
+
+def per_item_cost(sizes: dict) -> dict:
+    """Per-item cost (ingest + retrieve) at the largest size over the smallest, of all sizes measured so far."""
+    first, last = min(sizes, key=int), max(sizes, key=int)
+    ratio = sizes[first]["items_per_s"] / sizes[last]["items_per_s"]
+    print(f"per-item cost (ingest + retrieve) at {last} / at {first}: {ratio:.2f}", file=sys.stderr)
+    return {"per_item_cost_ratio_largest_vs_smallest": ratio,
+            "per_item_cost_counts": "ingest + retrieve (each size's embed: see its vectors)"}
 
 
 # -------------------------------------------------------------------------------------------------- incremental
@@ -506,6 +513,9 @@ def part_incremental(args, master: str, sizes_result: dict) -> dict:
     full = sizes_result.get(str(size))
     if full is None:
         raise SystemExit(f"--parts incremental needs the sizes part's {size:,} run (in this run or scale.json)")
+    if not full["vectors"].startswith("embed UDF"):
+        raise SystemExit(f"the {size:,} run copied its factual vectors ({full['vectors']}): that is not a full "
+                         f"run's cost; measure the size with --copy-vectors-at ''")
     cfg = size_config(args, size, master)
     spark = get_spark(cfg)
     extra, n_factual, n_stylized = one_percent_new(cfg, full["factual_captions"])
@@ -517,6 +527,7 @@ def part_incremental(args, master: str, sizes_result: dict) -> dict:
     new_s = ingest_s + embed_s + retrieve_s
     print(f"incremental / full: {new_s / full_s:.3f}", file=sys.stderr)
     return {"size": size, "new_factual": n_factual, "new_stylized": n_stylized, "full_s": full_s,
+            "full_vectors": full["vectors"],
             "ingested": {k: v for k, v in counts.items() if k.startswith(("rows.", "factual_captions.",
                                                                          "stylized_captions."))},
             "one_percent_new_s": new_s, "ratio": new_s / full_s,
@@ -664,7 +675,10 @@ def main() -> None:
                 record("embed", embed_result)
             if "sizes" in parts:
                 sizes, about = part_sizes(args, cluster.master_url)
-                result["sizes_setup"] = about
+                for entry in sizes.values():  # sizes not measured now keep their entry and its command
+                    entry["command"] = command
+                sizes = {**result.get("sizes", {}), **sizes}
+                result["sizes_setup"] = {**about, **per_item_cost(sizes)}
                 record("sizes", sizes)
             if "incremental" in parts:
                 record("incremental", part_incremental(args, cluster.master_url, result["sizes"]))
