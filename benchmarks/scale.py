@@ -675,9 +675,12 @@ def main() -> None:
                 record("embed", embed_result)
             if "sizes" in parts:
                 sizes, about = part_sizes(args, cluster.master_url)
-                for entry in sizes.values():  # sizes not measured now keep their entry and its command
+                kept = result.get("sizes", {})  # sizes not measured now keep their entry and its command
+                for entry in kept.values():
+                    entry.setdefault("command", result["commands"].get("sizes"))
+                for entry in sizes.values():
                     entry["command"] = command
-                sizes = {**result.get("sizes", {}), **sizes}
+                sizes = {**kept, **sizes}
                 result["sizes_setup"] = {**about, **per_item_cost(sizes)}
                 record("sizes", sizes)
             if "incremental" in parts:
