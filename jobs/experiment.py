@@ -11,10 +11,11 @@ which settings.
 3. **Cells.** Table 2: each measured style x ``experiment.captioners`` x {original, augmented}. Table 5 (one
    captioner, one style set): each retrieval type's augmented pairs alone. Fig. 5 (likewise): shares of the
    augmented pairs (nested: the first share of the same hash order), and the augmented pairs of ERG rerun at each
-   other extraction proportion eps (``experiment.fig5.eps``: :mod:`jobs.eps_sweep`, run before the cells, each in
-   a schema of its own; :func:`measure_eps`). Equal cells are trained once. Every cell's
-   pairs are written as its training snapshot, then one TorchDistributor (or Horovod) launch trains all the cells'
-   captioners one after the other in the same worker processes; each cell is a child MLflow run.
+   other extraction proportion eps (``experiment.fig5.eps``: :mod:`jobs.eps_sweep`, each in a schema of its own,
+   nested under the experiment's run and only where Fig. 5's style set is measured; :func:`measure_eps`). Equal
+   cells are trained once. Every cell's pairs are written as its training snapshot, then one TorchDistributor (or
+   Horovod) launch trains all the cells' captioners one after the other in the same worker processes; each cell is
+   a child MLflow run.
 4. **Scores.** Per style, every cell's captioner captions the test images (greedy, an iterator pandas UDF), scored
    by BLEU-1/3, METEOR, CIDEr (one ``CaptionScorer``), cls. by the per-style evaluation classifiers (filter 1 of
    generate), cls. by an *independent* classifier trained here on the half of the train split's images that a hash
@@ -563,9 +564,6 @@ def run_experiment(spark: SparkSession, cfg: ErgConfig, *, command: str | None =
         from jobs.pipeline import run_pipeline
 
         erg_result = run_pipeline(spark, cfg)
-    eps_runs = []  # Fig. 5's eps curve: ERG at each other eps, in a schema of its own, before the parent run
-    for eps in sweep_values(cfg):
-        eps_runs.append(run_erg_at(spark, cfg, eps))
     generator = require_current(cfg, "generator", "run")
     classifiers = require_current(cfg, EVALUATION_CLASSIFIERS, "extract")
     for captioner in e.captioners:
@@ -614,9 +612,11 @@ def run_experiment(spark: SparkSession, cfg: ErgConfig, *, command: str | None =
         data.unpersist()
         lap("decode_and_score")
         eps_measured = []
-        if f5 is not None:
-            for cfg_eps, run in eps_runs:
-                tag = f"eps{run['eps']:g}"
+        if f5 is not None:  # Fig. 5's eps curve: ERG at each other eps, in a schema of its own, nested here
+            for eps in sweep_values(cfg):
+                tag = f"eps{eps:g}"
+                cfg_eps, run = run_erg_at(spark, cfg, eps)
+                lap(f"{tag}.erg")
                 got = measure_eps(spark, cfg_eps, run, f5, folder / tag, parent_id,
                                   lambda stage, tag=tag: lap(f"{tag}.{stage}"), classifiers["path"],
                                   generator["lm_path"], grader)
@@ -642,7 +642,7 @@ def run_experiment(spark: SparkSession, cfg: ErgConfig, *, command: str | None =
         if f5 is not None:
             points = size_curve(rows, f5[0], f5[1])
             result["fig5"] = {"captioner": f5[0], "styles": f5[1], "points": points, "markdown": render_fig5(points)}
-            if eps_runs:
+            if eps_measured:
                 eps_points = eps_curve(rows, f5[0], f5[1], cfg.extract.eps)
                 result["fig5"].update({"eps_points": eps_points, "eps_markdown": render_fig5_eps(eps_points),
                                        "eps_runs": eps_measured})

@@ -33,7 +33,8 @@ def run_pipeline(spark: SparkSession, cfg: ErgConfig, *, incremental: bool = Fal
     console = Console(stderr=True)
     experiment_id = configure_mlflow(cfg)
     results: dict[str, dict] = {}
-    with mlflow.start_run(run_name="erg run", experiment_id=experiment_id,
+    # nested under an active run (e.g. ``erg experiment``'s, which reruns ERG at each Fig. 5 eps)
+    with mlflow.start_run(run_name="erg run", experiment_id=experiment_id, nested=mlflow.active_run() is not None,
                           tags={"erg.job": "run", "erg.conf": cfg.name,
                                 "erg.incremental": str(incremental).lower()}) as parent:
         for number, stage in enumerate(STAGES, start=1):

@@ -95,6 +95,10 @@ def test_the_eps_curve_is_trained_scored_and_reported(swept) -> None:
     assert points[0]["augmented_pairs"] == rows["augmented"]["train_pairs_augmented"]
     assert 0 <= swept_row["cls"] <= 1 and swept_row["cider"] >= 0 and swept_row["test_images"] > 0
     assert [r["eps"] for r in f5["eps_runs"]] == [EPS] and f5["eps_runs"][0]["erg_run"]
+    # the rerun is a child of the experiment's run (started inside it, once Fig. 5's style set was measured)
+    import mlflow
+    rerun = mlflow.get_run(f5["eps_runs"][0]["erg_run"])
+    assert rerun.data.tags.get("mlflow.parentRunId") == result["run_id"]
     for key in ("test_scene_phrases_in_training", "test_images_in_training", "scene_features_from_scored_references"):
         assert result["leakage"][f"eps{EPS:g}.{key}"] == 0
     report = Path(result["report_dir"])
