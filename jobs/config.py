@@ -243,7 +243,7 @@ class RetrieveConf(_Section):
 class EmbedConf(_Section):
     encoder: EncoderConf = Field(default_factory=EncoderConf)
     partitions: Optional[int] = Field(None, ge=1, description="tasks the items to embed are spread over, e.g. the "
-                                      "cluster's GPU count (null = as the anti-join leaves them)")
+                                      "cluster's GPU count (null = two per task slot, at least 256 items each)")
 
 
 class GeneratorConf(_Section):

@@ -17,6 +17,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from jobs.config import ErgConfig
+from jobs.spark import default_parallelism
 from jobs.tables import merge_rows, read_table
 from jobs.tracking import job_run, log_counts, step_seconds
 from udfs.embedding import (
@@ -32,6 +33,7 @@ from udfs.embedding import (
 logger = logging.getLogger(__name__)
 
 SKIP_EXAMPLES = 20
+EMBED_TASK_MIN_ITEMS = 256
 """Skipped items (id and reason) written to the run's ``embed_skipped.json``."""
 
 
@@ -65,6 +67,14 @@ def embed_items(spark: SparkSession, cfg: ErgConfig, kind: str) -> DataFrame:
         F.coalesce(has_image_input(kind), F.lit(False)).alias("has_input"),
     )
     return captions(stylized, "scene_id", "scene").unionByName(captions(factual, "caption_id", "factual")).unionByName(images)
+
+
+def embed_tasks(cfg: ErgConfig, slots: int, items: int) -> int:
+    """Tasks the items to embed are spread over: ``embed.partitions``, else two per task slot, at most one per
+    ``EMBED_TASK_MIN_ITEMS`` items (a task loads the encoder once per Python worker, so tiny tasks cost more)."""
+    if cfg.embed.partitions:
+        return cfg.embed.partitions
+    return max(1, min(2 * slots, items // EMBED_TASK_MIN_ITEMS + 1))
 
 
 def embed(spark: SparkSession, cfg: ErgConfig) -> dict:
@@ -111,8 +121,8 @@ def embed(spark: SparkSession, cfg: ErgConfig) -> dict:
         skipped_examples: list[dict] = []
         if counts["encoded"]:
             todo = flagged.where(F.col("has_input") & ~done).select(*INPUT_COLUMNS)
-            if cfg.embed.partitions:
-                todo = todo.repartition(cfg.embed.partitions)
+            # AQE coalesces the anti-join's output by bytes: a million short captions were one task, one core
+            todo = todo.repartition(embed_tasks(cfg, default_parallelism(spark), int(counts["encoded"])))
             out = todo.mapInPandas(embed_partitions(spec), EMBEDDED_SCHEMA).persist(StorageLevel.MEMORY_AND_DISK)
             try:
                 failed = F.col("skip_reason").isNotNull()

@@ -129,3 +129,17 @@ def test_clause_style_sets_name_real_sets_and_map_to_their_styles():
         load_config("test", ["generate.clause_style_sets=[flickr]"])
     with pytest.raises(ConfigError, match="needs generate.min_phrase_propensity"):
         load_config("test", ["generate.clause_style_sets=[flickrstyle]", "generate.min_phrase_propensity=null"])
+
+
+def test_embed_spreads_its_items_over_the_task_slots_unless_told() -> None:
+    from jobs.embed import EMBED_TASK_MIN_ITEMS, embed_tasks
+
+    cfg = load_config("local")
+    assert cfg.embed.partitions is None
+    # a million captions on 2 slots: 4 tasks (AQE alone had coalesced them into one)
+    assert embed_tasks(cfg, slots=2, items=955_000) == 4
+    assert embed_tasks(cfg, slots=64, items=955_000) == 128
+    # a handful of items stays one task (each task loads the encoder once per worker)
+    assert embed_tasks(cfg, slots=8, items=EMBED_TASK_MIN_ITEMS - 1) == 1
+    assert embed_tasks(cfg, slots=8, items=3 * EMBED_TASK_MIN_ITEMS) == 4
+    assert embed_tasks(load_config("local", {"embed": {"partitions": 3}}), slots=8, items=10**6) == 3
