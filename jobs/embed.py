@@ -33,8 +33,9 @@ from udfs.embedding import (
 logger = logging.getLogger(__name__)
 
 SKIP_EXAMPLES = 20
-EMBED_TASK_MIN_ITEMS = 256
 """Skipped items (id and reason) written to the run's ``embed_skipped.json``."""
+EMBED_TASK_MIN_ITEMS = 256
+"""The fewest items an embed task gets when ``embed.partitions`` is unset (:func:`embed_tasks`)."""
 
 
 def encoder_spec(cfg: ErgConfig) -> EncoderSpec:

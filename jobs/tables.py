@@ -233,9 +233,9 @@ def apply_changes(spark: SparkSession, cfg: ErgConfig, table: str, changes: Data
                   compare: tuple[str, ...]) -> dict:
     """Apply keyed changes to ``table`` in one MERGE: each row of ``changes`` (the table's columns plus ``_action``)
     either replaces its key's row (``upsert``: inserted, or updated when a ``compare`` column differs, else left as
-    it is) or deletes it (``delete``; absent keys are ignored). The changes are computed once, before the MERGE
-    (a local checkpoint), so they should be bounded by what is new. Returns {"inserted", "updated", "deleted"}; a rerun
-    of the same changes returns zeros."""
+    it is) or deletes it (``delete``; absent keys are ignored). The changes are computed once, before the MERGE,
+    and held on the executors (a local checkpoint). Returns {"inserted", "updated", "deleted"}; a rerun of the same
+    changes returns zeros."""
     spec = TABLES[table]
     if "_action" not in changes.columns:
         raise ValueError(f"changes for {table} need an _action column ('upsert' or 'delete')")
