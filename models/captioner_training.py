@@ -350,6 +350,9 @@ class _Collective:
         """``obj`` of every rank, in rank order."""
         return [obj]
 
+    def finish(self) -> None:
+        """Wait for every rank at the end of a successful training (not on an error, where a peer may never come)."""
+
     def close(self) -> None:
         """Leave the process group if this worker created it."""
 
@@ -389,6 +392,11 @@ class _TorchDDP(_Collective):
         out: list[Any] = [None] * self.world_size
         self.dist.all_gather_object(out, obj)
         return out
+
+    def finish(self) -> None:
+        # every rank reaches the end before any tears gloo down: a rank that destroyed its group while the other
+        # was still leaving made that one abort at exit ("terminate called without an active exception")
+        self.dist.barrier()
 
     def close(self) -> None:
         if self.created:
@@ -463,7 +471,9 @@ def train_worker(config: dict[str, Any], on_step: OnStep | None = None) -> dict[
     device = _worker_device(cfg.device, local_rank)
     collective = _join(cfg.backend, device)
     try:
-        return _train(cfg, collective, device, on_step)
+        result = _train(cfg, collective, device, on_step)
+        collective.finish()
+        return result
     finally:
         collective.close()
 
@@ -482,7 +492,9 @@ def train_workers(configs: list[dict[str, Any]]) -> list[dict[str, Any] | None]:
     device = _worker_device(parsed[0].device, local_rank)
     collective = _join(parsed[0].backend, device)
     try:
-        return [_train(cfg, collective, device, None, (i, len(parsed))) for i, cfg in enumerate(parsed, 1)]
+        results = [_train(cfg, collective, device, None, (i, len(parsed))) for i, cfg in enumerate(parsed, 1)]
+        collective.finish()
+        return results
     finally:
         collective.close()
 
