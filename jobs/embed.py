@@ -17,7 +17,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from jobs.config import ErgConfig
-from jobs.spark import default_parallelism
+from jobs.spark import default_parallelism, spread_tasks
 from jobs.tables import merge_rows, read_table
 from jobs.tracking import job_run, log_counts, step_seconds
 from udfs.embedding import (
@@ -75,7 +75,7 @@ def embed_tasks(cfg: ErgConfig, slots: int, items: int) -> int:
     ``EMBED_TASK_MIN_ITEMS`` items (a task loads the encoder once per Python worker, so tiny tasks cost more)."""
     if cfg.embed.partitions:
         return cfg.embed.partitions
-    return max(1, min(2 * slots, items // EMBED_TASK_MIN_ITEMS + 1))
+    return spread_tasks(slots, items, EMBED_TASK_MIN_ITEMS, per_slot=2)
 
 
 def embed(spark: SparkSession, cfg: ErgConfig) -> dict:

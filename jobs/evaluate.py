@@ -29,7 +29,7 @@ from pyspark.sql import functions as F
 from jobs.config import ErgConfig
 from jobs.model_store import get_current, require_current
 from jobs.extract import EVALUATION_CLASSIFIERS
-from jobs.spark import default_parallelism
+from jobs.spark import default_parallelism, spread_tasks
 from jobs.tables import read_table
 from jobs.tracking import job_run, log_counts
 from jobs.train import VARIANTS, captioner_kind
@@ -132,7 +132,7 @@ def evaluate(spark: SparkSession, cfg: ErgConfig) -> dict[str, Any]:
                              f"of encoder {encoder_version}: check evaluate.split and run `erg embed`")
         references = {(r.image_id, r.style): list(r.references) for r in todo.select("image_id", "style",
                                                                                        "references").collect()}
-        partitions = max(1, min(default_parallelism(spark), n_todo // e.batch_size + 1))
+        partitions = spread_tasks(default_parallelism(spark), n_todo, e.batch_size)
         evaluator = make_captioner_evaluator({v: info["path"] for v, info in captioners.items()},
                                              classifier["path"], lm_path, e.max_len, e.batch_size, e.device,
                                              e.no_repeat_ngram_size)

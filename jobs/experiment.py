@@ -47,7 +47,7 @@ from pyspark.sql import functions as F
 
 from jobs.config import ErgConfig
 from jobs.model_store import get_current, model_dir, require_current
-from jobs.spark import default_parallelism
+from jobs.spark import default_parallelism, spread_tasks
 from jobs.tables import read_table
 from jobs.tracking import configure_mlflow, job_run, log_counts
 
@@ -224,7 +224,7 @@ def grade(spark: SparkSession, hypotheses: pd.DataFrame, classifier_path: str, b
 
     frame = hypotheses[["variant", "image_id", "style", "hypothesis"]].reset_index(drop=True)
     frame = frame.assign(row=range(len(frame)))
-    parts = max(1, min(default_parallelism(spark), len(frame) // batch_size + 1))
+    parts = spread_tasks(default_parallelism(spark), len(frame), batch_size)
     graded = (spark.createDataFrame(frame[["row", "style", "hypothesis"]])
               .repartition(parts).mapInPandas(make_grader(classifier_path, batch_size, device), GRADE_DDL)
               .toPandas().set_index("row")["probability"])
@@ -425,7 +425,7 @@ def score_cells(spark: SparkSession, cfg: ErgConfig, trained: dict[str, dict[str
             mine = {name: info for name, info in trained.items() if info["cell"].style == style}
             todo = data.tests_ok.where(F.col("style") == style)
             references = {r.image_id: list(r.references) for r in todo.select("image_id", "references").collect()}
-            parts = max(1, min(default_parallelism(spark), len(references) // ev.batch_size + 1))
+            parts = spread_tasks(default_parallelism(spark), len(references), ev.batch_size)
             evaluator = make_captioner_evaluator({n: info["path"] for n, info in mine.items()}, classifiers_path,
                                                  lm_path, ev.max_len, ev.batch_size, ev.device,
                                                  ev.no_repeat_ngram_size)

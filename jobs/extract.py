@@ -30,7 +30,7 @@ from pyspark.sql import functions as F
 from jobs.config import ClassifierConf, ErgConfig
 from jobs.model_store import get_current, log_transformers_model, model_dir, set_current
 from jobs.readers import stable_id
-from jobs.spark import default_parallelism
+from jobs.spark import default_parallelism, spread_tasks
 from jobs.tables import merge_rows, read_table
 from jobs.tracking import StepLogger, job_run, log_counts
 from udfs.extraction import STYLE_PHRASE_DDL, make_extractor
@@ -263,7 +263,7 @@ def scenes_to_extract(spark: SparkSession, cfg: ErgConfig, extractors: dict[str,
 def apply_extractors(spark: SparkSession, cfg: ErgConfig, todo: DataFrame, n_todo: int, extractors: dict[str, dict],
                      run_id: str) -> dict[str, float]:
     """Split ``todo``'s captions with their set's classifier and head (iterator UDF); MERGE into style_phrases."""
-    partitions = max(1, min(default_parallelism(spark) * 2, n_todo // 128 + 1))
+    partitions = spread_tasks(default_parallelism(spark), n_todo, 128, per_slot=2)
     extractor = make_extractor(extractors, cfg.extract.batch_size, cfg.extract.device)
     rows = (todo.repartition(partitions, "scene_id").mapInPandas(extractor, STYLE_PHRASE_DDL)
             .withColumn("run_id", F.lit(run_id)).withColumn("created_at", F.current_timestamp()))

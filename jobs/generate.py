@@ -23,7 +23,7 @@ from jobs.config import ErgConfig
 from jobs.extract import EVALUATION_CLASSIFIERS
 from jobs.leakage import leakage_counts
 from jobs.model_store import get_current, log_transformers_model, model_dir, require_current, set_current
-from jobs.spark import default_parallelism
+from jobs.spark import default_parallelism, spread_tasks
 from jobs.tables import TABLES, merge_rows, read_table
 from jobs.tracking import StepLogger, job_run, log_counts
 from udfs.generation import SCORED_COLUMNS, make_candidate_scorer, make_generator
@@ -302,7 +302,7 @@ def apply_generator(spark: SparkSession, cfg: ErgConfig, cand: DataFrame, n_cand
                     classifiers: dict) -> DataFrame:
     """Candidates -> generated and scored rows (lazy): two iterator pandas UDFs, models loaded once per executor."""
     gc = cfg.generate
-    partitions = max(1, min(default_parallelism(spark) * 2, n_cand // 64 + 1))
+    partitions = spread_tasks(default_parallelism(spark), n_cand, 64, per_slot=2)
     generated = cand.repartition(partitions, "query_id").mapInPandas(
         make_generator(current["path"], current["kind"], decoding_options(cfg), gc.device, current["max_source_len"],
                        current["max_target_len"], current.get("propensity_path")),

@@ -37,7 +37,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from jobs.config import CONTEXT_SOURCES, ErgConfig
-from jobs.spark import default_parallelism
+from jobs.spark import default_parallelism, spread_tasks
 from jobs.tables import is_delta_table, read_table
 
 logger = logging.getLogger(__name__)
@@ -172,7 +172,7 @@ def cached_vectors(spark: SparkSession, cfg: ErgConfig, items: DataFrame, spec, 
     todo = todo.select(*[value.alias(name) for name, value in columns.items()])
     pending = todo.count()
     if pending:
-        partitions = max(1, min(default_parallelism(spark), pending // max(spec.batch_size, 1) + 1))
+        partitions = spread_tasks(default_parallelism(spark), pending, max(spec.batch_size, 1))
         embedded = (todo.repartition(partitions, "item_id").mapInPandas(embed_partitions(spec), EMBEDDED_SCHEMA)
                     .where(F.col("vector").isNotNull()).select("item_id", "vector"))
         embedded.write.format("delta").mode("append").save(path)

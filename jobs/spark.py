@@ -101,6 +101,12 @@ def default_parallelism(spark) -> int:
     return 1
 
 
+def spread_tasks(slots: int, items: int, min_items: int, per_slot: int = 1) -> int:
+    """Tasks a model UDF's ``items`` are spread over: ``per_slot`` per task slot, but no task with fewer than
+    ``min_items`` (each task loads its model once per Python worker, so tiny tasks cost more); at least one."""
+    return max(1, min(slots * per_slot, items // min_items + 1))
+
+
 def session_key(spark) -> str:
     """An id of the session's application (classic) or Connect session."""
     return spark.session_id if is_connect(spark) else spark.sparkContext.applicationId
