@@ -50,6 +50,9 @@ def cmd_ingest(cfg, args) -> dict:
     counts = ingest(get_spark(cfg), cfg)
     print("\n".join(["every record read is kept, quarantined or a duplicate:", *summary_lines(counts["sources"])]),
           file=sys.stderr)
+    if counts["skipped_sources"]:
+        print(f"not read again (same files as the last ingest): {', '.join(counts['skipped_sources'])}",
+              file=sys.stderr)
     return counts
 
 

@@ -126,6 +126,9 @@ class SplitConf(_Section):
 
 class IngestConf(_Section):
     sources: list[IngestSource] = Field(default_factory=list, description="files to ingest; empty = the sample")
+    skip_unchanged_sources: bool = Field(
+        True, description="a source whose files have the same content as when the last successful ingest wrote it "
+        "into these tables is not read again (new files land, old ones are skipped); false reads every source")
     splits: SplitConf = Field(default_factory=SplitConf)
     split_fractions: dict[str, float] = Field(
         default_factory=lambda: {"train": 0.8, "val": 0.1, "test": 0.1},

@@ -6,6 +6,13 @@ rows into DataFrames, stamps the MLflow run id and ingest time, and MERGEs on th
 the same files adds nothing. An image already in ``stylized_captions`` keeps its split when new captions of it
 land, and its new factual captions are descriptions, not P.
 
+New files land, old ones are not read again (``ingest.skip_unchanged_sources``, like Auto Loader's file tracking):
+a source whose files hash to what the last successful ingest wrote into these same tables (their Delta ids
+match) is skipped, counted in ``sources.skipped_unchanged``. When the files read bring stylized captions of an
+image not yet in ``stylized_captions``, every source is read after all (``sources.reread_for_new_stylized_images``),
+so that the protocol sees them whole: the new images' splits, and their factual captions in old files turned into
+scene descriptions. A row of a new file whose key is already in its table is counted in ``<table>.key_in_table``.
+
 Every record accounted for: per source, ``read`` (records its reader counted) = ``kept`` (rows, scene descriptions
 included) + ``quarantined`` + ``duplicates`` (by natural key); logged as ``source.<source>.{read,kept,quarantined,
 duplicates}`` and in total as ``rows.*``, in ``ingest_sources.json``, and printed by ``erg ingest``
@@ -19,6 +26,9 @@ rows and images per split; quarantine reasons in ``quarantine_reasons.json``.
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
+import json
+from pathlib import Path
 
 import pandas as pd
 from pyspark.sql import SparkSession
@@ -28,8 +38,40 @@ from jobs.readers import ReadResult, Reader, duplicate_examples, origin_counts, 
 from jobs.sample import sample_exists, sample_sources, write_sample
 from jobs.tables import TABLES, merge_rows, table_name
 from jobs.tracking import job_run, log_counts
+from jobs.watermarks import ingested_sources, record_ingested_sources
 
 TIME_COLUMN = {"quarantine": "quarantined_at"}
+
+
+#: the tables the ingest writes (their ids guard the record of which source files are in them)
+INGEST_TABLES = ("stylized_captions", "factual_captions", "images", "quarantine")
+
+
+def source_key(source: IngestSource) -> str:
+    """A source's identity: its format, files and options (a change of any option makes it a new source)."""
+    return json.dumps(source.model_dump(), sort_keys=True, default=str)
+
+
+def source_fingerprint(source: IngestSource) -> str | None:
+    """SHA-256 over the names and bytes of every file the source reads (its path, a folder's files, the image-name
+    lists); None when one of them is not a local file or folder (then the source is always read)."""
+    names = source.image_names if isinstance(source.image_names, list) else [source.image_names]
+    files: list[Path] = []
+    for name in [source.path, *(n for n in names if n)]:
+        path = Path(name)
+        if path.is_dir():
+            files += sorted(f for f in path.rglob("*") if f.is_file())
+        elif path.is_file():
+            files.append(path)
+        else:
+            return None
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(str(path).encode() + b"\0")
+        with path.open("rb") as stream:
+            for chunk in iter(lambda: stream.read(1 << 20), b""):
+                digest.update(chunk)
+    return digest.hexdigest()
 
 
 def read_sources(cfg: ErgConfig, sources: list[IngestSource],
@@ -98,7 +140,18 @@ def ingest(spark: SparkSession, cfg: ErgConfig, sources: list[IngestSource] | No
     params = {"sources": [s.path for s in sources], "splits": cfg.ingest.splits.model_dump()}
     with job_run(cfg, "ingest", params=params) as run:
         existing = _existing_stylized(spark, cfg)
-        result, per_source = read_sources(cfg, sources, known_stylized_images=set(existing))
+        fingerprints = {source_key(s): source_fingerprint(s) for s in sources}
+        done = ingested_sources(spark, cfg, INGEST_TABLES) if cfg.ingest.skip_unchanged_sources else {}
+        skipped = [s for s in sources if fingerprints[source_key(s)] is not None
+                   and done.get(source_key(s)) == fingerprints[source_key(s)]]
+        todo = [s for s in sources if s not in skipped]
+        result, per_source = read_sources(cfg, todo, known_stylized_images=set(existing))
+        new_images = {r["image_id"] for r in result.stylized} - set(existing)
+        reread = 0
+        if skipped and new_images:  # the protocol over every source: the new stylized images' splits, and their
+            # factual captions in the skipped files become scene descriptions
+            reread, skipped, todo = len(skipped), [], sources
+            result, per_source = read_sources(cfg, sources, known_stylized_images=set(existing))
         lost = {name: c["unaccounted"] for name, c in per_source.items() if c["unaccounted"]}
         if lost:  # before anything is written
             raise RuntimeError(f"ingest lost track of records (read - kept - quarantined - duplicates per source: "
@@ -115,12 +168,17 @@ def ingest(spark: SparkSession, cfg: ErgConfig, sources: list[IngestSource] | No
             counts_kept_split = 0
         counts: dict[str, int] = {}
         for table, frame in frames.items():
-            df = _to_spark(spark, frame, table, run.info.run_id, now)
-            stats = merge_rows(spark, cfg, table, df,
-                               fill_nulls=("uri", "tags", "descriptions", "width", "height", "tags_confidence")
-                               if table == "images" else ())
+            if frame.empty and skipped:  # the tables exist (their ids matched): nothing to merge
+                stats = {"inserted": 0}
+            else:
+                df = _to_spark(spark, frame, table, run.info.run_id, now)
+                stats = merge_rows(spark, cfg, table, df,
+                                   fill_nulls=("uri", "tags", "descriptions", "width", "height", "tags_confidence")
+                                   if table == "images" else ())
             counts[f"{table}.kept"] = len(frame)
             counts[f"{table}.inserted"] = stats["inserted"]
+            if table in ("stylized_captions", "factual_captions"):  # e.g. a new file repeating ingested rows
+                counts[f"{table}.key_in_table"] = len(frame) - stats["inserted"]
             if table == "stylized_captions":
                 for split, n in frame["split"].value_counts().items():
                     counts[f"stylized_captions.split.{split}"] = int(n)
@@ -142,6 +200,9 @@ def ingest(spark: SparkSession, cfg: ErgConfig, sources: list[IngestSource] | No
             counts[f"rows.{part}"] = sum(c[part] for c in per_source.values())
         for name, c in per_source.items():
             counts.update({f"source.{name}.{k}": v for k, v in c.items() if v or k in ACCOUNTING})
+        counts["sources.read"] = len(todo)
+        counts["sources.skipped_unchanged"] = len(skipped)
+        counts["sources.reread_for_new_stylized_images"] = reread
         log_counts(counts)
         import mlflow
 
@@ -150,8 +211,10 @@ def ingest(spark: SparkSession, cfg: ErgConfig, sources: list[IngestSource] | No
         mlflow.log_dict({str(k): int(v) for k, v in reasons.items()}, "quarantine_reasons.json")
         mlflow.log_dict(duplicate_examples(result), "duplicates.json")
         mlflow.log_text("\n".join(summary_lines(per_source)) + "\n", "ingest_summary.txt")
+        record_ingested_sources(spark, cfg, INGEST_TABLES, {source_key(s): fingerprints[source_key(s)] for s in todo})
         counts["run_id"] = run.info.run_id
         counts["sources"] = per_source
+        counts["skipped_sources"] = [s.name or s.format for s in skipped]
         return counts
 
 
@@ -163,7 +226,7 @@ def summary_lines(per_source: dict[str, dict[str, int]]) -> list[str]:
     """A table of every source's read = kept + quarantined + duplicates (what ``erg ingest`` prints)."""
     rows = [(name, *(c[k] for k in ACCOUNTING[:4])) for name, c in sorted(per_source.items())]
     rows.append(("total", *(sum(r[i] for r in rows) for i in range(1, 5))))
-    width = max(len("source"), *(len(r[0]) for r in rows))
+    width = max(len(r[0]) for r in [("source",), *rows])
     lines = [f"{'source':<{width}}  {'read':>8} = {'kept':>8} + {'quarantined':>11} + {'duplicates':>10}"]
     lines += [f"{n:<{width}}  {r:>8,} = {k:>8,} + {q:>11,} + {d:>10,}" for n, r, k, q, d in rows]
     return lines

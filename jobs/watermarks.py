@@ -1,4 +1,5 @@
-"""Delta-version watermarks: what each incremental consumer has already seen of its input tables.
+"""Delta-version watermarks: what each incremental consumer has already seen of its input tables; and the source
+files the ingest has already written into its tables (:func:`ingested_sources`).
 
 A consumer (e.g. ``retrieve``) records the versions of the tables it read when it finished; on an incremental
 run it asks :func:`new_rows_since` how many rows were inserted since then, read from the tables' Change Data Feed
@@ -78,3 +79,42 @@ def record_version(cfg: ErgConfig, consumer: str, versions: dict[str, int]) -> N
     marks = _read(cfg)
     marks[consumer] = {**marks.get(consumer, {}), **versions}
     _write(cfg, marks)
+
+
+# ---------------------------------------------------------------------------------------- ingested source files
+def _sources_path(cfg: ErgConfig) -> Path:
+    return Path(cfg.home) / "state" / f"ingested_sources.{cfg.tables.catalog or 'local'}.{cfg.tables.schema_name}.json"
+
+
+def table_id(spark: SparkSession, cfg: ErgConfig, table: str) -> str | None:
+    """The Delta table's id (a new one when the table is dropped and made again); None when it does not exist."""
+    name = table_name(cfg, table)
+    if not spark.catalog.tableExists(name):
+        return None
+    return str(spark.sql(f"DESCRIBE DETAIL {name}").collect()[0]["id"])
+
+
+def ingested_sources(spark: SparkSession, cfg: ErgConfig, tables: tuple[str, ...]) -> dict[str, str]:
+    """Source key -> content fingerprint of every source the last successful ingest wrote into ``tables``; empty when
+    there was none, or when any of the tables is not the one it wrote (dropped, made again, or missing)."""
+    path = _sources_path(cfg)
+    if not path.exists():
+        return {}
+    marks = json.loads(path.read_text())
+    if any(marks.get("tables", {}).get(t) != table_id(spark, cfg, t) for t in tables):
+        return {}
+    return dict(marks.get("sources", {}))
+
+
+def record_ingested_sources(spark: SparkSession, cfg: ErgConfig, tables: tuple[str, ...],
+                            sources: dict[str, str | None]) -> None:
+    """After a successful ingest: the tables' ids and the fingerprints of the sources now in them (added to those
+    recorded before, when the tables are the same). A source without a fingerprint is not recorded."""
+    ids = {t: table_id(spark, cfg, t) for t in tables}
+    path = _sources_path(cfg)
+    kept = ingested_sources(spark, cfg, tables) if path.exists() else {}
+    marks = {"tables": ids, "sources": {**kept, **{k: v for k, v in sources.items() if v is not None}}}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(marks, indent=2))
+    tmp.replace(path)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import shutil
 
 import mlflow
 import pytest
@@ -11,7 +12,7 @@ from pyspark.sql import types as T
 from jobs.ingest import ingest
 from jobs.sample import PLANTED_BAD_ROWS
 from jobs.spark import get_spark
-from jobs.tables import TABLES, merge_rows, table_name
+from jobs.tables import TABLES, merge_rows, register_tables, table_location, table_name
 
 pytestmark = pytest.mark.spark
 
@@ -162,3 +163,67 @@ def test_a_table_from_an_older_version_gains_the_new_columns(spark, fresh_cfg):
     out = spark.table(name).collect()
     assert "transfer_phrase" in spark.table(name).columns
     assert [(r.query_id, r.generated_caption, r.transfer_phrase) for r in out] == [("q1", "a nice dog", None)]
+
+
+def test_ingest_reads_only_new_source_files(spark, fresh_cfg, tmp_path):
+    """New files land, old ones are skipped; a new stylized image makes every source read again (its factual captions
+    in old files become scene descriptions); a table made again forgets what it held."""
+    from pyspark.sql import functions as F
+
+    from jobs.config import IngestSource
+    from jobs.sample import sample_sources
+
+    cfg = fresh_cfg
+    get_spark(cfg)
+    sources = sample_sources(cfg)
+    first = ingest(spark, cfg)
+    assert first["sources.read"] == len(sources) and first["sources.skipped_unchanged"] == 0
+    stylized, images = (spark.table(table_name(cfg, t)) for t in ("stylized_captions", "images"))
+    styled = (stylized.where("source = 'sample_flickrstyle'").join(images, "image_id")
+              .select("image_id", "uri", "split").orderBy("image_id").first())
+    unstyled = [r.uri for r in images.join(stylized, "image_id", "left_anti").where(F.col("uri").isNotNull())
+                .orderBy("image_id").limit(2).collect()]
+    name = lambda uri: uri.rsplit("/", 1)[-1]  # noqa: E731
+    root = cfg.sample.dir + "/images"
+    (tmp_path / "factual_new.txt").write_text(f"{name(unstyled[0])}#900\ta dog runs on new grass .\n")
+    (tmp_path / "funny_new.txt").write_text("a dog runs on grass like a clown .\n")
+    (tmp_path / "names_new.txt").write_text(name(styled.uri) + "\n")
+    new = [IngestSource(format="flickr30k_tokens", path=str(tmp_path / "factual_new.txt"), name="new_factual",
+                        image_root=root),
+           IngestSource(format="flickrstyle", style="humor", path=str(tmp_path / "funny_new.txt"),
+                        image_names=str(tmp_path / "names_new.txt"), name="new_humor", image_root=root)]
+    n_factual = spark.table(table_name(cfg, "factual_captions")).count()
+
+    second = ingest(spark, cfg, sources + new)
+    assert second["sources.skipped_unchanged"] == len(sources) and second["sources.read"] == 2
+    assert second["sources.reread_for_new_stylized_images"] == 0
+    assert second["factual_captions.inserted"] == 1 and second["stylized_captions.inserted"] == 1
+    assert second["rows.read"] == 2 and set(second["sources"]) == {"new_factual:factual_new.txt",
+                                                                   "new_humor:funny_new.txt"}
+    assert spark.table(table_name(cfg, "factual_captions")).count() == n_factual + 1
+    added = stylized.where("caption = 'a dog runs on grass like a clown .'").collect()
+    assert [(r.image_id, r.split) for r in added] == [(styled.image_id, styled.split)]  # the image keeps its split
+
+    # a stylized caption of an image that had none: every source is read, so the protocol sees the image whole
+    (tmp_path / "romantic_new.txt").write_text("a dog runs on grass with all its heart .\n")
+    (tmp_path / "names_new2.txt").write_text(name(unstyled[1]) + "\n")
+    newer = IngestSource(format="flickrstyle", style="romantic", path=str(tmp_path / "romantic_new.txt"),
+                         image_names=str(tmp_path / "names_new2.txt"), name="new_romantic", image_root=root)
+    third = ingest(spark, cfg, sources + new + [newer])
+    assert third["sources.reread_for_new_stylized_images"] == len(sources) + 2
+    assert third["sources.read"] == len(sources) + 3 and third["sources.skipped_unchanged"] == 0
+    assert third["stylized_captions.inserted"] == 1 and third["factual_captions.inserted"] == 0
+    image = images.where(F.col("uri") == unstyled[1]).first()
+    assert image.descriptions  # its factual captions (old files) are now its scene descriptions
+
+    # the same files again: nothing read; a table dropped with its files and made again: everything read
+    assert ingest(spark, cfg, sources + new + [newer])["sources.read"] == 0
+    spark.sql(f"DROP TABLE {table_name(cfg, 'factual_captions')}")
+    location = table_location(cfg, "factual_captions")
+    if location:
+        shutil.rmtree(location)
+    register_tables(spark, cfg)  # makes the missing table again, empty
+    assert spark.table(table_name(cfg, "factual_captions")).count() == 0
+    again = ingest(spark, cfg, sources + new + [newer])
+    assert again["sources.read"] == len(sources) + 3 and again["sources.skipped_unchanged"] == 0
+    assert spark.table(table_name(cfg, "factual_captions")).count() > 0
