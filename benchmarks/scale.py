@@ -420,7 +420,7 @@ def part_sizes(args, master: str) -> tuple[dict, dict]:
     for cfg in configs.values():
         fresh(cfg)
     spark = get_spark(configs[args.sizes[0]])
-    warm = size_config(args, args.sizes[0], master, schema="scale_warmup")
+    warm = size_config(args, min(args.sizes[0], args.warmup_size), master, schema="scale_warmup")
     fresh(warm)
     write_sample(warm)
     get_spark(warm)
@@ -619,6 +619,8 @@ def main() -> None:
     parser.add_argument("--hnsw-ef-searches", type=parse_sizes, default=[32],
                         help="HNSW ef_search values searched besides conf's (one built graph)")
     parser.add_argument("--real-queries", type=int, default=25000, help="real factual captions, retrieval_real")
+    parser.add_argument("--warmup-size", type=int, default=10000,
+                        help="factual captions of the sizes part's warm-up (not measured), at most the first size")
     parser.add_argument("--incremental-size", type=int, default=100000)
     parser.add_argument("--generate-home", default=str(REPO / ".erg-real"))
     parser.add_argument("--generate-conf", default="shared_data")
