@@ -370,7 +370,9 @@ def size_config(args, size: int, master: str, schema: str | None = None):
         "sample": {"n_images": args.images, "factual_captions": size, "stylized_per_style": args.stylized_per_style,
                    "dir": f"{os.environ['ERG_HOME']}/samples/{schema}", "bad_rows": False},
         "spark": {"master": master, "show_progress": False, "shuffle_partitions": 8,
-                  "extra": {"spark.executor.memory": args.executor_memory, "spark.cores.max": "2"}},
+                  "extra": {"spark.executor.memory": args.executor_memory, "spark.cores.max": "2",
+                            **({"spark.eventLog.enabled": "true", "spark.eventLog.dir": str(args.event_log)}
+                               if args.event_log else {})}},
         "retrieve": {"partitions": 8},
     }
     return load_config("local", overrides)
@@ -407,6 +409,25 @@ def copy_factual_vectors(spark, cfg, source_cfg) -> int:
     return merge_rows(spark, cfg, "embeddings", rows)["inserted"]
 
 
+def warm_up(args, master: str, size: int) -> None:
+    """Ingest, embed and retrieve ``size`` factual captions in a schema of their own, not measured: the session's
+    first jobs load classes and start Python workers, which a measured step must not pay for."""
+    from benchmarks.e2e_cost import fresh_schema as fresh
+    from jobs.embed import embed
+    from jobs.ingest import ingest
+    from jobs.retrieve import retrieve
+    from jobs.sample import write_sample
+    from jobs.spark import get_spark
+
+    warm = size_config(args, size, master, schema="scale_warmup")
+    fresh(warm)
+    write_sample(warm)
+    spark = get_spark(warm)
+    print(f"## warm-up on {size:,} factual captions (not measured)", file=sys.stderr)
+    for job in (ingest, embed, retrieve):
+        job(spark, warm)
+
+
 def part_sizes(args, master: str) -> tuple[dict, dict]:
     from benchmarks.e2e_cost import fresh_schema as fresh
     from jobs.embed import embed
@@ -420,13 +441,7 @@ def part_sizes(args, master: str) -> tuple[dict, dict]:
     for cfg in configs.values():
         fresh(cfg)
     spark = get_spark(configs[args.sizes[0]])
-    warm = size_config(args, min(args.sizes[0], args.warmup_size), master, schema="scale_warmup")
-    fresh(warm)
-    write_sample(warm)
-    get_spark(warm)
-    print("## warm-up (not measured)", file=sys.stderr)
-    for job in (ingest, embed, retrieve):
-        job(spark, warm)
+    warm_up(args, master, min(args.sizes[0], args.warmup_size))
     out: dict[str, Any] = {}
     previous = None
     for n, cfg in configs.items():
@@ -516,6 +531,8 @@ def part_incremental(args, master: str, sizes_result: dict) -> dict:
     if not full["vectors"].startswith("embed UDF"):
         raise SystemExit(f"the {size:,} run copied its factual vectors ({full['vectors']}): that is not a full "
                          f"run's cost; measure the size with --copy-vectors-at ''")
+    if "sizes" not in args.parts:  # a session of its own: warmed up as the sizes part's is
+        warm_up(args, master, args.warmup_size)
     cfg = size_config(args, size, master)
     spark = get_spark(cfg)
     extra, n_factual, n_stylized = one_percent_new(cfg, full["factual_captions"])
@@ -626,10 +643,12 @@ def main() -> None:
     parser.add_argument("--generate-conf", default="shared_data")
     parser.add_argument("--generate-candidates", type=int, default=10000)
     parser.add_argument("--executor-memory", default="3g")
+    parser.add_argument("--event-log", type=Path, default=None,
+                        help="a folder for Spark's event log of the cluster parts (to read where a step's time goes)")
     parser.add_argument("--home", type=Path, default=REPO / ".erg" / "benchmarks" / "scale")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "scale.json")
     args = parser.parse_args()
-    parts = [p.strip() for p in args.parts.split(",") if p.strip()]
+    parts = args.parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     unknown = sorted(set(parts) - set(PARTS))
     if unknown:
         parser.error(f"unknown parts {unknown}: choose from {PARTS}")
