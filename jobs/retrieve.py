@@ -44,13 +44,14 @@ from jobs.embed import encoder_spec
 from jobs.errors import UserError
 from jobs.leakage import leakage_counts, retrievals_leakage
 from jobs.spark import has_spark_context
-from jobs.tables import apply_changes, read_table, table_name
+from jobs.tables import append_rows, apply_changes, read_table, table_name
 from jobs.tracking import job_run, log_counts, step_seconds
 from jobs.watermarks import record_version as record_watermark
 from jobs.watermarks import table_version, watermark_version
 from models.scene_index import SceneIndex, build_scene_index, faiss_gpu_fallback_reason, retrieval_modalities
 from udfs.embedding import encoder_identity
 from udfs.retrieval import (
+    HIT_COLUMNS,
     HIT_SCHEMA,
     QUERY_COLUMNS,
     RetrievalPlan,
@@ -137,25 +138,30 @@ def factual_queries(
 ) -> DataFrame:
     """The factual captions as :data:`udfs.retrieval.QUERY_COLUMNS` rows, with at least one needed vector.
 
-    ``query_filter``: a DataFrame with a ``caption_id`` column restricting the queries (default: all).
+    ``query_filter``: a DataFrame with a ``caption_id`` column restricting the queries (default: all). It is a few
+    ids (an incremental run's new captions), so the vectors are cut to its queries' before they are joined (a
+    broadcast semi join): the join then moves those few, not every vector of the table.
     """
     queries = read_table(spark, cfg, "factual_captions").select(
         F.col("caption_id").alias("query_id"), F.col("image_id").alias("query_image_id")
     )
+    text = vectors.where((F.col("item_kind") == "factual") & (F.col("modality") == "text"))
+    image = vectors.where((F.col("item_kind") == "image") & (F.col("modality") == "image"))
     if query_filter is not None:
         if "caption_id" not in query_filter.columns:
             raise ValueError(f"query_filter must have a caption_id column (factual caption ids), "
                              f"got columns {query_filter.columns}")
-        queries = queries.join(query_filter.select(F.col("caption_id").alias("query_id")).distinct(), "query_id",
-                               "left_semi")
+        queries = queries.join(F.broadcast(query_filter.select(F.col("caption_id").alias("query_id")).distinct()),
+                               "query_id", "left_semi")
+        text = text.join(F.broadcast(queries.select(F.col("query_id").alias("item_id"))), "item_id", "left_semi")
+        image = image.join(F.broadcast(queries.select(F.col("query_image_id").alias("item_id")).distinct()),
+                           "item_id", "left_semi")
     if "text" in modalities:
-        text = vectors.where((F.col("item_kind") == "factual") & (F.col("modality") == "text"))
         queries = queries.join(text.select(F.col("item_id").alias("query_id"), F.col("vector").alias("text_vector")),
                                "query_id", "left")
     else:
         queries = queries.withColumn("text_vector", F.lit(None).cast("array<float>"))
     if "image" in modalities:
-        image = vectors.where((F.col("item_kind") == "image") & (F.col("modality") == "image"))
         queries = queries.join(
             image.select(F.col("item_id").alias("query_image_id"), F.col("vector").alias("image_vector")),
             "query_image_id", "left",
@@ -264,24 +270,35 @@ def split_new(stylized: DataFrame, factual: DataFrame, new: dict[str, DataFrame]
     return scenes, queries
 
 
-def entering_hits(kept: DataFrame, found: DataFrame, top_k: int) -> DataFrame:
+#: at most this many (query, type) groups with new-scene hits are broadcast to pick their kept rows out of
+#: ``retrievals`` (a scan, no shuffle of the table); more are joined by a shuffle
+BROADCAST_GROUPS_MAX = 1_000_000
+
+
+def _groups(found: DataFrame, broadcast: bool) -> DataFrame:
+    groups = found.select("query_id", "retrieval_type", "encoder_version").distinct()
+    return F.broadcast(groups) if broadcast else groups
+
+
+def entering_hits(kept: DataFrame, found: DataFrame, top_k: int, broadcast: bool = False) -> DataFrame:
     """The rows of ``found`` (new scenes' hits for old queries) that can enter their (query, type) group's kept
     top-k: the group holds fewer than ``top_k`` rows, or the hit's similarity reaches the group's lowest kept one.
-    A hit below that floor changes no row, so only these groups need :func:`merged_top_k` and a MERGE."""
+    A hit below that floor changes no row, so only these groups need :func:`merged_top_k` and a MERGE.
+    ``broadcast``: the groups are few enough to broadcast (:data:`BROADCAST_GROUPS_MAX`)."""
     group = ["query_id", "retrieval_type", "encoder_version"]
-    floors = (kept.join(found.select(*group).distinct(), group, "left_semi")
+    floors = (kept.join(_groups(found, broadcast), group, "left_semi")
               .groupBy(*group).agg(F.count(F.lit(1)).alias("_kept"), F.min("similarity").alias("_floor")))
     return (found.join(floors, group, "left")
             .where(F.col("_kept").isNull() | (F.col("_kept") < top_k) | (F.col("similarity") >= F.col("_floor")))
             .drop("_kept", "_floor"))
 
 
-def merged_top_k(kept: DataFrame, found: DataFrame, top_k: int) -> DataFrame:
+def merged_top_k(kept: DataFrame, found: DataFrame, top_k: int, broadcast: bool = False) -> DataFrame:
     """Rows to apply to ``retrievals`` where new scenes were found for old queries: for every (query, type) with a
     new hit, the top ``top_k`` of its kept hits and the new ones by similarity, ranks rewritten from 1
-    (``_action`` = upsert), and its kept hits that fell out (``_action`` = delete). Columns of ``kept``."""
-    groups = found.select("query_id", "retrieval_type", "encoder_version").distinct()
-    old = kept.join(groups, ["query_id", "retrieval_type", "encoder_version"], "left_semi")
+    (``_action`` = upsert), and its kept hits that fell out (``_action`` = delete). Columns of ``kept``.
+    ``broadcast`` as in :func:`entering_hits`."""
+    old = kept.join(_groups(found, broadcast), ["query_id", "retrieval_type", "encoder_version"], "left_semi")
     both = old.unionByName(found.select(*kept.columns)).dropDuplicates(
         ["query_id", "scene_id", "retrieval_type", "encoder_version"])
     order = Window.partitionBy("query_id", "retrieval_type", "encoder_version").orderBy(
@@ -294,10 +311,13 @@ def replace_hits(spark: SparkSession, cfg: ErgConfig, hits: DataFrame, searched:
                  encoder_version: str) -> dict:
     """Make ``hits`` the rows of the queries in ``searched`` (``query_id``) for the configured types: new hits
     inserted, moved ones re-ranked, and their rows that are no longer hits deleted (a stale rank never stays);
-    one MERGE, so a rerun changes nothing."""
+    one MERGE, so a rerun changes nothing. Queries that hold no row yet (new captions) are appended instead: the
+    MERGE would join the whole table to find nothing (27 s of an incremental run at 1M)."""
     kept = (read_table(spark, cfg, "retrievals").where(F.col("encoder_version") == encoder_version)
             .where(F.col("retrieval_type").isin(list(cfg.retrieve.types)))
             .join(searched.select("query_id"), "query_id", "left_semi"))
+    if not kept.limit(1).count():  # a rerun after a crash finds the appended rows and MERGEs
+        return append_rows(spark, cfg, "retrievals", hits)
     key = ["query_id", "scene_id", "retrieval_type", "encoder_version"]
     gone = kept.join(hits.select(*key), key, "left_anti").withColumn("_action", F.lit("delete"))
     changes = hits.withColumn("_action", F.lit("upsert")).unionByName(gone.select(*hits.columns, "_action"))
@@ -321,7 +341,8 @@ def retrieve(spark: SparkSession, cfg: ErgConfig, query_filter: DataFrame | None
     ``<type>.mean_similarity``; ``retrievals.inserted`` / ``.updated`` / ``.deleted``;
     ``index.faiss_gpu_fallback`` (:func:`faiss_gpu_fallbacks`); ``index.transport_file``, ``index.payload_bytes``,
     ``index.<modality>.without_vector``; incremental: ``incremental.new_queries``, ``incremental.new_scenes``,
-    ``incremental.new_scene_hits``, ``retrievals.<inserted|updated|deleted>_by_new_scenes``; ``encoder_version``,
+    ``incremental.new_scene_hits`` (and ``_entering``: those that reach their group's kept top-k),
+    ``retrievals.<inserted|updated|deleted>_by_new_scenes``; ``encoder_version``,
     ``index_types`` and ``run_id``; ``seconds.<step>`` (:func:`jobs.tracking.step_seconds`): ``scene_indexes``,
     ``queries``, ``search``, ``merge``, ``examples``, ``leakage``, ``new_scenes.search``, ``new_scenes.merge``.
     """
@@ -379,6 +400,8 @@ def retrieve(spark: SparkSession, cfg: ErgConfig, query_filter: DataFrame | None
                 new_scene_ids = [r.scene_id for r in new_scenes.collect()]  # bounded by the stylized corpus
                 counts["incremental.new_scenes"] = len(new_scene_ids)
             queries = factual_queries(spark, cfg, vectors, modalities, query_filter)
+            if query_filter is not None:  # a few queries, read by the search, the counts and the MERGE: read once
+                queries = queries.persist(StorageLevel.MEMORY_AND_DISK)
             have = queries.agg(F.count(F.lit(1)).alias("queries"), F.count("text_vector").alias("text"),
                                F.count("image_vector").alias("image")).collect()[0]
         counts["queries"] = have["queries"]
@@ -406,6 +429,7 @@ def retrieve(spark: SparkSession, cfg: ErgConfig, query_filter: DataFrame | None
                     examples = _examples(hits, spark, cfg, conf.examples_to_log) if conf.examples_to_log else []
             finally:
                 hits.unpersist()
+                queries.unpersist()  # a no-op where it was not persisted
         if new_scene_ids:  # query_filter: the new queries, which met the full index above
             counts.update(merge_new_scenes(spark, cfg, scenes, new_scene_ids, query_filter, vectors, modalities,
                                            plan, identity.version, run_id, as_rows, transport))
@@ -427,7 +451,8 @@ def merge_new_scenes(spark: SparkSession, cfg: ErgConfig, scenes: pd.DataFrame, 
                      new_queries: DataFrame, vectors: DataFrame, modalities: list[str], plan: RetrievalPlan,
                      encoder_version: str, run_id: str, as_rows, transport: str) -> dict[str, float]:
     """Search every old query (not in ``new_queries``, which met the full index) against an index of the new
-    scenes alone and merge the hits into the kept top-k (:func:`merged_top_k`, one MERGE)."""
+    scenes alone (:func:`old_query_hits`) and merge the hits into the kept top-k (:func:`merged_top_k`, one
+    MERGE)."""
     counts: dict[str, float] = {}
     new = scenes[scenes["scene_id"].isin(set(new_scene_ids))]
     indexes = scene_indexes(new, target_modalities(plan.types), cfg.retrieve.index, counts, prefix="index.new_scenes")
@@ -436,19 +461,65 @@ def merge_new_scenes(spark: SparkSession, cfg: ErgConfig, scenes: pd.DataFrame, 
         return counts
     small_plan = replace(plan, types=types)
     payload = ScenePayload.of(indexes, dict(zip(scenes["scene_id"], scenes["image_id"])))
-    everyone = factual_queries(spark, cfg, vectors, modalities, None)
-    old = everyone.join(new_queries.select(F.col("caption_id").alias("query_id")), "query_id", "left_anti")
+    new_scene_images = spark.createDataFrame(new[["scene_id", "image_id"]].rename(columns={"image_id": "_scene_image"}))
     kept = read_table(spark, cfg, "retrievals").where(F.col("encoder_version") == encoder_version)
     with shipped_scene_indexes(spark, cfg, payload, f"{run_id}-new-scenes", transport) as shipped:
-        found = as_rows(search_hits(spark, cfg, old, shipped, small_plan)).persist(StorageLevel.MEMORY_AND_DISK)
+        hits = old_query_hits(spark, cfg, vectors, new_queries, shipped, small_plan, new_scene_images)
+        found = as_rows(hits).persist(StorageLevel.MEMORY_AND_DISK)
         try:
             with step_seconds(counts, "new_scenes.search"):
                 counts["incremental.new_scene_hits"] = found.count()
             with step_seconds(counts, "new_scenes.merge"):
-                entering = entering_hits(kept, found, plan.top_k)
-                changes = merged_top_k(kept, entering, plan.top_k)
+                # computed once: merged_top_k reads it twice (its groups and its rows)
+                few = counts["incremental.new_scene_hits"] <= BROADCAST_GROUPS_MAX
+                entering = entering_hits(kept, found, plan.top_k, broadcast=few).localCheckpoint(eager=True)
+                counts["incremental.new_scene_hits_entering"] = entering.count()
+                changes = merged_top_k(kept, entering, plan.top_k, broadcast=few)
                 stats = apply_changes(spark, cfg, "retrievals", changes, compare=("rank", "similarity"))
         finally:
             found.unpersist()
     counts.update({f"retrievals.{k}_by_new_scenes": float(v) for k, v in stats.items()})
     return counts
+
+
+def old_query_hits(spark: SparkSession, cfg: ErgConfig, vectors: DataFrame, new_queries: DataFrame, shipped,
+                   plan: RetrievalPlan, new_scene_images: DataFrame) -> DataFrame:
+    """The hits of every old factual query (not in ``new_queries``) against the shipped index of the new scenes
+    (:data:`udfs.retrieval.HIT_SCHEMA`; the ranks are rewritten by :func:`merged_top_k`).
+
+    Every factual caption is a query here, so no vector is joined to its caption or moved across the cluster:
+    - the text types search the caption vectors where ``embeddings`` holds them (no shuffle), without the query's
+      image, for ``top_k`` plus the same-image margin; the hits (few) then get their caption's image and lose
+      those that show it, which leaves the top ``top_k`` that the search with the image would give;
+    - the image types search each factual image's vector once, and its hits become those of its captions.
+    ``new_scene_images``: ``scene_id``, ``_scene_image`` of the new scenes.
+    """
+    factual = read_table(spark, cfg, "factual_captions").select(
+        F.col("caption_id").alias("query_id"), F.col("image_id").alias("query_image_id"))
+    old = factual.join(F.broadcast(new_queries.select(F.col("caption_id").alias("query_id"))), "query_id",
+                       "left_anti")
+    no_vector = F.lit(None).cast("array<float>")
+    found = []
+    text_types = tuple(t for t in plan.types if retrieval_modalities(t).query == "text")
+    if text_types:
+        captions = (vectors.where((F.col("item_kind") == "factual") & (F.col("modality") == "text"))
+                    .select(F.col("item_id").alias("query_id"), F.lit(None).cast("string").alias("query_image_id"),
+                            F.col("vector").alias("text_vector"), no_vector.alias("image_vector")))
+        wide = replace(plan, types=text_types, top_k=plan.search_k, exclude_same_image=False)
+        hits = (captions.mapInPandas(retrieval_partitions(shipped, wide), HIT_SCHEMA).drop("query_image_id")
+                .join(old, "query_id"))
+        if plan.exclude_same_image:
+            hits = (hits.join(F.broadcast(new_scene_images), "scene_id", "left")
+                    .where(F.col("_scene_image").isNull() | (F.col("_scene_image") != F.col("query_image_id")))
+                    .drop("_scene_image"))
+        found.append(hits.select(*HIT_COLUMNS))
+    image_types = tuple(t for t in plan.types if retrieval_modalities(t).query == "image")
+    if image_types:
+        images = (vectors.where((F.col("item_kind") == "image") & (F.col("modality") == "image"))
+                  .join(factual.select(F.col("query_image_id").alias("item_id")).distinct(), "item_id", "left_semi")
+                  .select(F.col("item_id").alias("query_id"), F.col("item_id").alias("query_image_id"),
+                          no_vector.alias("text_vector"), F.col("vector").alias("image_vector")))
+        hits = (images.mapInPandas(retrieval_partitions(shipped, replace(plan, types=image_types)), HIT_SCHEMA)
+                .drop("query_id").join(old, "query_image_id"))
+        found.append(hits.select(*HIT_COLUMNS))
+    return found[0] if len(found) == 1 else found[0].unionByName(found[1])

@@ -229,6 +229,10 @@ def _merge(spark: SparkSession, cfg: ErgConfig, table: str, source: DataFrame, c
     return {key: int(metrics.get(f"num_{key}_rows") or 0) for key in ("inserted", "updated", "deleted")}
 
 
+#: a MERGE source of at most this many rows is broadcast to find the files it touches (:func:`apply_changes`)
+MERGE_BROADCAST_MAX_ROWS = 500_000
+
+
 def apply_changes(spark: SparkSession, cfg: ErgConfig, table: str, changes: DataFrame, *,
                   compare: tuple[str, ...]) -> dict:
     """Apply keyed changes to ``table`` in one MERGE: each row of ``changes`` (the table's columns plus ``_action``)
@@ -243,6 +247,8 @@ def apply_changes(spark: SparkSession, cfg: ErgConfig, table: str, changes: Data
     # computed once, here: the MERGE plans its source again without the session's cached DataFrames, so a source
     # built on a persisted one (the new scenes' hits) was recomputed from its search (29 of a 38 s MERGE at 100K)
     source = changes.select(*typed, "_action").dropDuplicates(list(spec.keys)).localCheckpoint(eager=True)
+    if source.count() <= MERGE_BROADCAST_MAX_ROWS:  # the MERGE's scan for the files it touches: no table shuffle
+        source = F.broadcast(source)
     columns = [f.name for f in spec.schema.fields]
     differs = " OR ".join(f"NOT (t.`{c}` <=> s.`{c}`)" for c in compare)
     updates = ", ".join(f"t.`{c}` = s.`{c}`" for c in columns if c not in spec.keys)
@@ -252,6 +258,16 @@ def apply_changes(spark: SparkSession, cfg: ErgConfig, table: str, changes: Data
         "WHEN MATCHED AND s._action = 'delete' THEN DELETE",
         f"WHEN MATCHED AND s._action = 'upsert' AND ({differs}) THEN UPDATE SET {updates}",
         f"WHEN NOT MATCHED AND s._action = 'upsert' THEN INSERT ({names}) VALUES ({values})"])
+
+
+def append_rows(spark: SparkSession, cfg: ErgConfig, table: str, df: DataFrame) -> dict:
+    """INSERT ``df``, whose keys the caller knows are not in ``table``, in one commit: no MERGE, so no join against
+    the whole table. Computed once (a local checkpoint) to count it; returns {"inserted", "updated", "deleted"}."""
+    source = conform(df, table).dropDuplicates(list(TABLES[table].keys)).localCheckpoint(eager=True)
+    inserted = source.count()
+    if inserted:
+        source.write.insertInto(table_name(cfg, table))
+    return {"inserted": inserted, "updated": 0, "deleted": 0}
 
 
 def is_delta_table(spark: SparkSession, location: str) -> bool:

@@ -43,6 +43,8 @@ def _corpus():
     query_vectors, query_images = unit(QUERIES), unit(QUERIES // 2)
     scenes = [dict(scene_id=f"s{i:02d}", image_id=f"img:s{i // 2}", caption=f"stylized {i}", style="humor",
                    split="train", source="t", ingest_time=NOW, run_id="r0") for i in range(SCENES)]
+    # new scenes that show an old query's image: never that query's hits
+    scenes[-1]["image_id"], scenes[-2]["image_id"] = "img:q1", "img:q24"
     queries = [dict(caption_id=f"q{i:02d}", image_id=f"img:q{i // 2}", caption=f"factual {i}", source="t",
                     split="train", ingest_time=NOW) for i in range(QUERIES)]
     vectors = {("scene", s["scene_id"]): scene_vectors[i] for i, s in enumerate(scenes)}
@@ -72,15 +74,18 @@ def _hits(spark, cfg):
     return sorted((r.query_id, r.retrieval_type, r.rank, r.scene_id, round(r.similarity, 4)) for r in rows)
 
 
-def _expected_hits(scenes, queries, vectors, top_k: int):
-    """The rows a full exact retrieval over everything gives (t2t: caption vs caption, i2t: image vs caption)."""
+def _expected_hits(scenes, queries, vectors, top_k: int, exclude_same_image: bool = True):
+    """The rows a full exact retrieval over everything gives (t2t: caption vs caption, i2t: image vs caption), no
+    scene of the query's own image."""
     ids = [s["scene_id"] for s in scenes]
     targets = np.array([vectors[("scene", i)] for i in ids])
     rows = []
     for q in queries:
+        others = [j for j, s in enumerate(scenes) if s["image_id"] != q["image_id"] or not exclude_same_image]
         for kind, vector in (("t2t", vectors[("factual", q["caption_id"])]), ("i2t", vectors[("image", q["image_id"])])):
             similarity = targets @ np.asarray(vector, dtype=np.float32)
-            for rank, j in enumerate(np.argsort(-similarity, kind="stable")[:top_k], start=1):
+            order = [j for j in np.argsort(-similarity, kind="stable") if j in others]
+            for rank, j in enumerate(order[:top_k], start=1):
                 rows.append((q["caption_id"], kind, rank, ids[j], round(float(similarity[j]), 4)))
     return sorted(rows)
 
@@ -105,6 +110,9 @@ def test_incremental_retrieval_equals_a_full_one_and_searches_only_what_is_new(s
 
     incremental_hits = _hits(spark, inc)
     assert incremental_hits == _expected_hits(scenes, queries, vectors, top_k=3)  # a full exact search's rows
+    # new scenes of old queries' images would be among their hits (image and text types): they were left out
+    unexcluded = {(q, t, s) for q, t, _, s, _ in _expected_hits(scenes, queries, vectors, 3, False)}
+    assert {("q02", "i2t", "s39"), ("q48", "t2t", "s38")} <= unexcluded
     assert len(incremental_hits) == QUERIES * 2 * 3
     keys = [(q, t, rank) for q, t, rank, _, _ in incremental_hits]
     assert len(keys) == len(set(keys))  # one row per (query, type, rank): no stale rank left
