@@ -29,6 +29,9 @@ class TableSpec:
     keys: tuple[str, ...]
     schema: T.StructType
     comment: str
+    #: MERGEs change rows spread over the whole table (an incremental retrieve re-ranks hits of every query): they
+    #: mark them in deletion vectors instead of rewriting every file they touch
+    deletion_vectors: bool = False
 
 
 TABLES: dict[str, TableSpec] = {spec.name: spec for spec in [
@@ -68,7 +71,7 @@ TABLES: dict[str, TableSpec] = {spec.name: spec for spec in [
         ("query_id", _S, False), ("query_image_id", _S, False), ("scene_id", _S, False), ("retrieval_type", _S, False),
         ("rank", _I, False), ("similarity", _D, False), ("encoder_version", _S, False), ("run_id", _S, False),
         ("created_at", _TS, False)),
-        "P': factual query (caption id) x stylized scene hit, per retrieval type"),
+        "P': factual query (caption id) x stylized scene hit, per retrieval type", deletion_vectors=True),
     TableSpec("augmented_captions", ("query_id", "scene_id", "retrieval_type", "generator_version"), _schema(
         ("query_id", _S, False), ("image_id", _S, False), ("image_uri", _S, True), ("factual_caption", _S, False),
         ("scene_id", _S, False), ("retrieval_type", _S, False), ("style", _S, False), ("style_phrase", _S, False),
@@ -152,6 +155,8 @@ def ensure_table(spark: SparkSession, cfg: ErgConfig, table: str) -> str:
     properties = {"delta.enableChangeDataFeed": "true"}
     if cfg.tables.auto_optimize:
         properties.update({"delta.autoOptimize.optimizeWrite": "true", "delta.autoOptimize.autoCompact": "true"})
+    if spec.deletion_vectors:
+        properties["delta.enableDeletionVectors"] = "true"
     if not spark.catalog.tableExists(name):
         spark.sql(
             f"CREATE TABLE IF NOT EXISTS {name} ({columns}) USING DELTA{where} "

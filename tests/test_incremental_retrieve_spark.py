@@ -107,6 +107,11 @@ def test_incremental_retrieval_equals_a_full_one_and_searches_only_what_is_new(s
     # some old queries found a new scene among their top 3: re-ranked, and the hits pushed out deleted
     assert second["retrievals.inserted_by_new_scenes"] > 0
     assert second["retrievals.deleted_by_new_scenes"] == second["retrievals.inserted_by_new_scenes"]
+    # the new scenes' MERGE marked the rows it re-ranked or pushed out (deletion vectors) instead of rewriting files
+    merge = (spark.sql(f"DESCRIBE HISTORY {table_name(inc, 'retrievals')}").where("operation = 'MERGE'")
+             .orderBy("version", ascending=False).first())
+    assert int(merge.operationMetrics["numTargetDeletionVectorsAdded"]) > 0
+    assert int(merge.operationMetrics.get("numTargetFilesRemoved", 0)) == 0
 
     incremental_hits = _hits(spark, inc)
     assert incremental_hits == _expected_hits(scenes, queries, vectors, top_k=3)  # a full exact search's rows
