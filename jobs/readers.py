@@ -236,7 +236,7 @@ def _check_text(path: Path, data: bytes, encoding: str) -> None:
     head = data[:4096]
     if head and head.count(0) > len(head) // 10:
         raise InputFileError(f"{path}: is not {encoding} text ({head.count(0)} of its first {len(head)} bytes "
-                             "are NUL: UTF-16 or a binary file)", f"give the text file, or the encoding it is in")
+                             "are NUL: UTF-16 or a binary file)", "give the text file, or the encoding it is in")
 
 
 def read_lines(path: Path, encoding: str = "utf-8", what: str = "text file") -> list[Line]:
