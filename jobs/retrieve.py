@@ -11,7 +11,8 @@ factual queries (each factual caption with its caption vector and its image's ve
 searched in ``mapInPandas`` (:func:`udfs.retrieval.retrieval_partitions`) for every type of ``retrieve.types`` (i2i,
 i2t, t2i, t2t), keeping the ``top_k`` hits with similarity > ``min_similarity`` and, with ``exclude_same_image``,
 none that shows the query's own image. The hits replace the searched queries' rows of ``retrievals`` in one MERGE on
-its key (new hits inserted, moved ones re-ranked, those no longer hits deleted: a rerun changes nothing). Incremental
+its key (new hits inserted, moved ones re-ranked, those no longer hits deleted: a rerun changes nothing; queries that
+hold no row yet are appended instead). Incremental
 (``erg retrieve --incremental``, ``erg run --incremental``): only what ``embeddings`` gained since the last retrieval
 is searched; new factual queries against the full index, every other query against an index of the new scenes alone,
 whose hits are merged into the kept top-k (:func:`merged_top_k`).
