@@ -309,15 +309,17 @@ def merged_top_k(kept: DataFrame, found: DataFrame, top_k: int, broadcast: bool 
 
 
 def replace_hits(spark: SparkSession, cfg: ErgConfig, hits: DataFrame, searched: DataFrame,
-                 encoder_version: str) -> dict:
+                 encoder_version: str, few: bool = False) -> dict:
     """Make ``hits`` the rows of the queries in ``searched`` (``query_id``) for the configured types: new hits
     inserted, moved ones re-ranked, and their rows that are no longer hits deleted (a stale rank never stays);
-    one MERGE, so a rerun changes nothing. Queries that hold no row yet (new captions) are appended instead: the
-    MERGE would join the whole table to find nothing (27 s of an incremental run at 1M)."""
-    kept = (read_table(spark, cfg, "retrievals").where(F.col("encoder_version") == encoder_version)
-            .where(F.col("retrieval_type").isin(list(cfg.retrieve.types)))
-            .join(searched.select("query_id"), "query_id", "left_semi"))
-    if not kept.limit(1).count():  # a rerun after a crash finds the appended rows and MERGEs
+    one MERGE, so a rerun changes nothing. Where no searched query holds a row yet (a first retrieval; with
+    ``few``, searched queries held in memory, new captions) the hits are appended instead: the MERGE would join the
+    whole table to find nothing (27 s of an incremental run at 1M). A rerun after a crash finds the appended rows
+    and MERGEs."""
+    stored = (read_table(spark, cfg, "retrievals").where(F.col("encoder_version") == encoder_version)
+              .where(F.col("retrieval_type").isin(list(cfg.retrieve.types))))
+    kept = stored.join(searched.select("query_id"), "query_id", "left_semi")
+    if not stored.limit(1).count() or (few and not kept.limit(1).count()):
         return append_rows(spark, cfg, "retrievals", hits)
     key = ["query_id", "scene_id", "retrieval_type", "encoder_version"]
     gone = kept.join(hits.select(*key), key, "left_anti").withColumn("_action", F.lit("delete"))
@@ -424,7 +426,8 @@ def retrieve(spark: SparkSession, cfg: ErgConfig, query_filter: DataFrame | None
                     per_type, per_type_style = _table5_inputs(hits, stylized)
                     table = table5(per_type, per_type_style, queries_per_type, cfg.styles, conf.types)
                 with step_seconds(counts, "merge"):
-                    stats = replace_hits(spark, cfg, as_rows(hits), queries, identity.version)
+                    stats = replace_hits(spark, cfg, as_rows(hits), queries, identity.version,
+                                         few=query_filter is not None)
                 counts.update({f"retrievals.{k}": float(v) for k, v in stats.items()})
                 with step_seconds(counts, "examples"):
                     examples = _examples(hits, spark, cfg, conf.examples_to_log) if conf.examples_to_log else []
