@@ -59,8 +59,9 @@ def record(spark: SparkSession, cfg: ErgConfig, consumer: str, tables: list[str]
     return versions
 
 
-def _write(cfg: ErgConfig, marks: dict) -> None:
-    path = _path(cfg)
+def _write(cfg: ErgConfig, marks: dict, path: Path | None = None) -> None:
+    """Write ``marks`` to ``path`` (default: the watermarks file) whole or not at all (a rename)."""
+    path = path or _path(cfg)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(marks, indent=2))
@@ -113,8 +114,4 @@ def record_ingested_sources(spark: SparkSession, cfg: ErgConfig, tables: tuple[s
     ids = {t: table_id(spark, cfg, t) for t in tables}
     path = _sources_path(cfg)
     kept = ingested_sources(spark, cfg, tables) if path.exists() else {}
-    marks = {"tables": ids, "sources": {**kept, **{k: v for k, v in sources.items() if v is not None}}}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(marks, indent=2))
-    tmp.replace(path)
+    _write(cfg, {"tables": ids, "sources": {**kept, **{k: v for k, v in sources.items() if v is not None}}}, path)
