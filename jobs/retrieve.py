@@ -435,7 +435,7 @@ def retrieve(spark: SparkSession, cfg: ErgConfig, query_filter: DataFrame | None
                 hits.unpersist()
                 queries.unpersist()  # a no-op where it was not persisted
         if new_scene_ids:  # query_filter: the new queries, which met the full index above
-            counts.update(merge_new_scenes(spark, cfg, scenes, new_scene_ids, query_filter, vectors, modalities,
+            counts.update(merge_new_scenes(spark, cfg, scenes, new_scene_ids, query_filter, vectors,
                                            plan, identity.version, run_id, as_rows, transport))
         counts.update(table5_metrics(table))
         with step_seconds(counts, "leakage"):  # incremental: what this run wrote (the rest was checked before)
@@ -452,7 +452,7 @@ def retrieve(spark: SparkSession, cfg: ErgConfig, query_filter: DataFrame | None
 
 
 def merge_new_scenes(spark: SparkSession, cfg: ErgConfig, scenes: pd.DataFrame, new_scene_ids: list[str],
-                     new_queries: DataFrame, vectors: DataFrame, modalities: list[str], plan: RetrievalPlan,
+                     new_queries: DataFrame, vectors: DataFrame, plan: RetrievalPlan,
                      encoder_version: str, run_id: str, as_rows, transport: str) -> dict[str, float]:
     """Search every old query (not in ``new_queries``, which met the full index) against an index of the new
     scenes alone (:func:`old_query_hits`) and merge the hits into the kept top-k (:func:`merged_top_k`, one

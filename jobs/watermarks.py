@@ -95,16 +95,21 @@ def table_id(spark: SparkSession, cfg: ErgConfig, table: str) -> str | None:
     return str(spark.sql(f"DESCRIBE DETAIL {name}").collect()[0]["id"])
 
 
-def ingested_sources(spark: SparkSession, cfg: ErgConfig, tables: tuple[str, ...]) -> dict[str, str]:
-    """Source key -> content fingerprint of every source the last successful ingest wrote into ``tables``; empty when
-    there was none, or when any of the tables is not the one it wrote (dropped, made again, or missing)."""
+def _sources_in(cfg: ErgConfig, ids: dict[str, str | None]) -> dict[str, str]:
+    """The recorded sources, if they were written into the tables of these ids; else empty."""
     path = _sources_path(cfg)
     if not path.exists():
         return {}
     marks = json.loads(path.read_text())
-    if any(marks.get("tables", {}).get(t) != table_id(spark, cfg, t) for t in tables):
+    if any(marks.get("tables", {}).get(t) != table for t, table in ids.items()):
         return {}
     return dict(marks.get("sources", {}))
+
+
+def ingested_sources(spark: SparkSession, cfg: ErgConfig, tables: tuple[str, ...]) -> dict[str, str]:
+    """Source key -> content fingerprint of every source the last successful ingest wrote into ``tables``; empty when
+    there was none, or when any of the tables is not the one it wrote (dropped, made again, or missing)."""
+    return _sources_in(cfg, {t: table_id(spark, cfg, t) for t in tables})
 
 
 def record_ingested_sources(spark: SparkSession, cfg: ErgConfig, tables: tuple[str, ...],
@@ -112,6 +117,6 @@ def record_ingested_sources(spark: SparkSession, cfg: ErgConfig, tables: tuple[s
     """After a successful ingest: the tables' ids and the fingerprints of the sources now in them (added to those
     recorded before, when the tables are the same). A source without a fingerprint is not recorded."""
     ids = {t: table_id(spark, cfg, t) for t in tables}
-    path = _sources_path(cfg)
-    kept = ingested_sources(spark, cfg, tables) if path.exists() else {}
-    _write(cfg, {"tables": ids, "sources": {**kept, **{k: v for k, v in sources.items() if v is not None}}}, path)
+    kept = _sources_in(cfg, ids)
+    _write(cfg, {"tables": ids, "sources": {**kept, **{k: v for k, v in sources.items() if v is not None}}},
+           _sources_path(cfg))
