@@ -232,6 +232,11 @@ class RetrieveConf(_Section):
     min_similarity: float = Field(0.6, ge=-1, le=1, description="keep hits with cosine similarity > this")
     index: IndexConf = Field(default_factory=IndexConf)
     exclude_same_image: bool = Field(True, description="drop hits whose scene shows the query's own image")
+    train_descriptions_as_queries: bool = Field(
+        False, description="the scene descriptions (factual captions, e.g. Flickr30K's) of stylized images whose "
+        "captions are all in the train split are queries too, beside P (jobs.tables.query_captions): their pairs are "
+        "new stylized captions for train images; a val or test image's description never is one. Off = the "
+        "paper's P alone")
     examples_to_log: int = Field(8, ge=0)
     partitions: Optional[int] = Field(None, ge=1, description="tasks the factual queries are searched in "
                                       "(null = spark.sql.shuffle.partitions)")
@@ -536,6 +541,20 @@ class ExperimentConf(_Section):
     table5: Table5Conf = Field(default_factory=Table5Conf)
     fig5: Fig5Conf = Field(default_factory=Fig5Conf)
     samples_to_log: int = Field(5, ge=0, description="captions per cell in the report")
+    seeds: list[Annotated[int, Field(strict=True, ge=0)]] = Field(
+        default_factory=lambda: [23, 24, 25], min_length=1, description="every cell trains and decodes once per "
+        "seed (captioner init, data order, scheduled sampling); rows hold the mean, the sd and each seed's value, "
+        "and every delta a 95% t-interval over the seeds (paired by seed). Fig. 5's eps cells use the first seed")
+    resume: bool = Field(True, description="reuse a cell already trained on the same pairs, conf and seed (found by "
+                         "its fingerprint among the finished MLflow runs, or trained and saved by a launch that "
+                         "was stopped before it was recorded) instead of training it again")
+
+    @field_validator("seeds")
+    @classmethod
+    def _seeds(cls, value: list[int]) -> list[int]:
+        if len(set(value)) != len(value):
+            raise ValueError(f"seeds {value} repeat a seed: list each once, e.g. [23, 24, 25]")
+        return value
 
 
 class ErgConfig(_Section):

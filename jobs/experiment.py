@@ -30,10 +30,13 @@ test images with scene features: e.g. SentiCap's train images have no tags or de
 """
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import logging
 import math
 import shlex
+import shutil
 import sys
 import tempfile
 import time
@@ -50,6 +53,7 @@ from jobs.model_store import get_current, model_dir, require_current
 from jobs.spark import default_parallelism, spread_tasks
 from jobs.tables import read_table
 from jobs.tracking import configure_mlflow, job_run, log_counts
+from jobs.train import SUMMARY_FILE, _log_loss_curve, run_distributed_many, snapshot_config, worker_config
 
 logger = logging.getLogger(__name__)
 
@@ -66,24 +70,33 @@ class Cell:
     types: tuple[str, ...] | None
     fraction: float
     eps: float | None = None
+    seed: int = 23
 
     @property
     def key(self) -> tuple:
-        return (self.style, self.captioner, self.types, self.fraction if self.fraction else 0.0, self.eps)
+        return (self.style, self.captioner, self.types, self.fraction if self.fraction else 0.0, self.eps, self.seed)
 
     @property
     def name(self) -> str:
+        """The cell as the tables name it (its seeds together)."""
         return f"{self.style}/{self.captioner}/{self.variant}"
+
+    @property
+    def label(self) -> str:
+        """One training run of the cell: its name and seed."""
+        return f"{self.name}#seed={self.seed}"
 
 
 def plan_cells(table2_styles: list[str], captioners: list[str], table5: tuple[str, list[str], list[str]] | None,
-               fig5: tuple[str, list[str], list[float]] | None) -> list[Cell]:
-    """Every cell to train, each once: Table 2's, then Table 5's (captioner, styles, retrieval types), then Fig. 5's
-    (captioner, styles, shares)."""
+               fig5: tuple[str, list[str], list[float]] | None, seeds: list[int] = (23,)) -> list[Cell]:
+    """Every cell to train, each once per seed: Table 2's, then Table 5's (captioner, styles, retrieval types),
+    then Fig. 5's (captioner, styles, shares)."""
     cells: dict[tuple, Cell] = {}
 
     def add(cell: Cell) -> None:
-        cells.setdefault(cell.key, cell)
+        for seed in seeds:
+            seeded = dataclasses.replace(cell, seed=seed)
+            cells.setdefault(seeded.key, seeded)
 
     for style in table2_styles:
         for captioner in captioners:
@@ -115,12 +128,15 @@ def cell_epochs(cfg: ErgConfig, style: str) -> int:
     return cfg.experiment.epochs.get(cfg.style_set_of(style), cfg.train.epochs)
 
 
-def _with_captioner(cfg: ErgConfig, captioner: str, style: str | None = None) -> ErgConfig:
+def _with_captioner(cfg: ErgConfig, captioner: str, style: str | None = None, seed: int | None = None
+                    ) -> ErgConfig:
     """``cfg`` training ``captioner`` (its ``experiment.hparams`` entry, or ``train.hparams`` for the conf's own),
-    for ``style``'s epochs (:func:`cell_epochs`) when given."""
+    for ``style``'s epochs (:func:`cell_epochs`) and with ``seed`` as ``train.seed`` when given."""
     out = cfg.model_copy(deep=True)
     if style is not None:
         out.train.epochs = cell_epochs(cfg, style)
+    if seed is not None:
+        out.train.seed = seed
     hparams = cfg.experiment.hparams.get(captioner)
     if hparams is None:
         hparams = dict(cfg.train.hparams) if captioner == cfg.train.captioner else {}
@@ -340,7 +356,7 @@ def plan_experiment(cfg: ErgConfig, measured: list[str], types: list[str]
         f5_styles = _style_set_styles(cfg, e.fig5.style_set, measured)
         if f5_styles:
             f5 = (e.fig5.captioner, f5_styles, e.fig5.sizes)
-    return plan_cells(measured, list(e.captioners), t5, f5), t5, f5
+    return plan_cells(measured, list(e.captioners), t5, f5, list(e.seeds)), t5, f5
 
 
 def measure_leakage(spark: SparkSession, cfg: ErgConfig, data: ExperimentData, pool: dict[str, int]
@@ -365,46 +381,156 @@ def measure_leakage(spark: SparkSession, cfg: ErgConfig, data: ExperimentData, p
     return leakage
 
 
-def train_cells(spark: SparkSession, cfg: ErgConfig, cells: list[Cell], data: ExperimentData, pool: dict[str, int],
-                folder: Path, parent_id: str, lap) -> dict[str, dict[str, Any]]:
-    """Step 5: every cell's snapshot, then one launch trains them all (one process group); a child run per cell."""
+def data_version(frame: DataFrame) -> str:
+    """A version of a cell's training pairs computed from their content (count, and a sum and an xor of a hash of
+    every row's pair id, caption, style, origin, features and source caption): the same pairs give the same
+    version however the tables were written."""
+    row_hash = F.xxhash64("pair_id", "image_id", "caption", "style", "origin", "features", "n_regions",
+                          F.coalesce(F.col("source_caption"), F.lit("")))
+    got = frame.agg(F.count(F.lit(1)).alias("n"), F.sum(F.pmod(row_hash, F.lit(2 ** 31 - 1))).alias("s"),
+                    F.bit_xor(row_hash).alias("x")).first()
+    return f"{got['n']}-{got['s'] or 0}-{got['x'] or 0}"
+
+
+def cell_fingerprint(cell: Cell, worker_conf: dict[str, Any], version: str) -> str:
+    """What a trained cell is: its cell and seed, the training conf of its worker (paths and label aside) and its
+    pairs' :func:`data_version`. Equal fingerprints train equal models (training is deterministic per seed)."""
+    conf = {k: v for k, v in worker_conf.items() if k not in ("train_paths", "output_dir", "label")}
+    payload = {"cell": [cell.style, cell.captioner, cell.variant, list(cell.types or []), cell.fraction, cell.eps],
+               "seed": cell.seed, "train": conf, "data": version}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+def recorded_cells(cfg: ErgConfig, fingerprints: list[str]) -> dict[str, Any]:
+    """The finished MLflow runs of cells with these fingerprints (tag ``erg.cell_fingerprint``), the newest per
+    fingerprint."""
+    from mlflow.tracking import MlflowClient
+
+    if not fingerprints:
+        return {}
+    client = MlflowClient()
+    experiment_id = configure_mlflow(cfg)
+    wanted = set(fingerprints)
+    found: dict[str, Any] = {}
+    token = None
+    while True:
+        page = client.search_runs([experiment_id], "tags.`erg.job` = 'experiment_cell' and "
+                                  "attributes.status = 'FINISHED'", order_by=["attributes.start_time DESC"],
+                                  max_results=1000, page_token=token)
+        for run in page:
+            fingerprint = run.data.tags.get("erg.cell_fingerprint")
+            if fingerprint in wanted:
+                found.setdefault(fingerprint, run)
+        token = page.token
+        if not token:
+            return found
+
+
+def _summary_of(model_path: Path) -> dict[str, Any] | None:
+    path = model_path / SUMMARY_FILE
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _reuse(run, cell_dir: Path) -> tuple[Path, dict[str, Any]] | None:
+    """The model of a recorded cell run: its folder where it still is, else its ``captioner`` artifacts downloaded
+    into ``cell_dir``; None when neither holds a model with its summary."""
     import mlflow
 
-    from jobs.train import _log_loss_curve, run_distributed_many, snapshot_config
+    model = cell_dir / "model"
+    if _summary_of(model) is None:
+        try:
+            model = Path(mlflow.artifacts.download_artifacts(run_id=run.info.run_id, artifact_path="captioner",
+                                                             dst_path=str(cell_dir / "downloaded")))
+        except Exception as err:  # noqa: BLE001 - artifacts gone: train the cell again, counted by the caller
+            logger.warning("cell run %s has no captioner artifacts (%s): training it again", run.info.run_id, err)
+            return None
+    summary = _summary_of(model)
+    return (model, summary) if summary is not None else None
 
-    configs, planned = [], []
+
+def train_cells(spark: SparkSession, cfg: ErgConfig, cells: list[Cell], data: ExperimentData, pool: dict[str, int],
+                folder: Path, parent_id: str, lap, counts: dict[str, float] | None = None
+                ) -> dict[str, dict[str, Any]]:
+    """Step 5, resumable: each cell's fingerprint (:func:`cell_fingerprint`); a cell recorded by an earlier run
+    with that fingerprint is reused (``experiment.resume``); a cell trained by a launch that stopped before it was
+    recorded (its model and summary in its fingerprint's folder) is recorded now; the others' snapshots are written
+    and one launch trains them all, each recorded as its own child run once the launch ends. ``counts`` gains
+    ``cells.reused``, ``cells.recorded_from_disk``, ``cells.trained`` and ``cells.reuse_failed``."""
+    counts = counts if counts is not None else {}
+    for key in ("reused", "recorded_from_disk", "trained", "reuse_failed"):
+        counts.setdefault(f"cells.{key}", 0)
+    planned = []
     for cell in cells:
-        cell_cfg = _with_captioner(cfg, cell.captioner, cell.style)
+        cell_cfg = _with_captioner(cfg, cell.captioner, cell.style, cell.seed)
         frame, n_orig, n_aug = cell_pairs(data.pairs_ok, cell, pool, data.available)
-        cell_dir = folder / "cells" / cell.name.replace("/", "__").replace(":", "_").replace("@", "_at_")
-        config, _, _ = snapshot_config(spark, cell_cfg, frame, cell_dir, data.train_features.regions)
-        configs.append({**config, "label": cell.name})
-        planned.append((cell, cell_cfg, n_orig, n_aug, cell_dir))
-        logger.info("experiment cell %s: %d original + %d augmented pairs", cell.name, n_orig, n_aug)
-    lap("snapshots")
-    summaries = run_distributed_many(cfg, configs)
-    lap("training")
+        conf = worker_config(cell_cfg, [], Path("."), data.train_features.regions, "n_regions")
+        fingerprint = cell_fingerprint(cell, conf, data_version(frame))
+        planned.append((cell, cell_cfg, frame, n_orig, n_aug, fingerprint,
+                        model_dir(cfg, "experiment_cell", fingerprint)))
+    recorded = recorded_cells(cfg, [p[5] for p in planned]) if cfg.experiment.resume else {}
     trained: dict[str, dict[str, Any]] = {}
-    for (cell, cell_cfg, n_orig, n_aug, cell_dir), summary in zip(planned, summaries):
-        with job_run(cell_cfg, "experiment_cell", sections=("train",),
-                     params={"cell": cell.name, "style": cell.style, "captioner": cell.captioner,
-                             "variant": cell.variant, "types": ",".join(cell.types or ["all"]),
-                             "fraction": cell.fraction, "features": data.train_features.kind}) as child:
-            mlflow.set_tags({"erg.cell": cell.name, "erg.experiment_run": parent_id})
-            log_counts({"train_pairs": n_orig + n_aug, "train_pairs.original": n_orig,
-                        "train_pairs.augmented": n_aug, "train_seconds": summary["seconds"],
-                        "loss_first": summary["loss_first"], "loss_last": summary["loss_last"],
-                        "vocab_size": summary["vocab_size"],
-                        "inserted_words_weighted": summary.get("inserted_words_weighted", 0)})
-            _log_loss_curve(child.info.run_id, summary)
-            mlflow.log_artifacts(str(cell_dir / "model"), "captioner")
-        trained[cell.name] = {"cell": cell, "run_id": child.info.run_id, "train_pairs": n_orig + n_aug,
-                              "train_pairs_original": n_orig, "train_pairs_augmented": n_aug,
-                              "path": str(cell_dir / "model"), "train_seconds": summary["seconds"],
-                              "epochs": cell_cfg.train.epochs,
-                              "loss_last": summary["loss_last"]}
+    configs, todo = [], []
+    for cell, cell_cfg, frame, n_orig, n_aug, fingerprint, cell_dir in planned:
+        info = {"cell": cell, "train_pairs": n_orig + n_aug, "train_pairs_original": n_orig,
+                "train_pairs_augmented": n_aug, "epochs": cell_cfg.train.epochs, "fingerprint": fingerprint}
+        run = recorded.get(fingerprint)
+        reused = _reuse(run, cell_dir) if run is not None else None
+        if run is not None and reused is None:
+            counts["cells.reuse_failed"] += 1
+        if reused is not None:
+            model, summary = reused
+            counts["cells.reused"] += 1
+            logger.info("experiment cell %s: reused from run %s", cell.label, run.info.run_id)
+            trained[cell.label] = {**info, "run_id": run.info.run_id, "path": str(model), "reused": True,
+                                   "train_seconds": summary["seconds"], "loss_last": summary["loss_last"]}
+            continue
+        if cfg.experiment.resume and _summary_of(cell_dir / "model") is not None:
+            counts["cells.recorded_from_disk"] += 1
+            logger.info("experiment cell %s: trained by a launch that stopped before recording it", cell.label)
+            todo.append((cell, cell_cfg, info, cell_dir))
+            continue
+        shutil.rmtree(cell_dir / "model", ignore_errors=True)
+        config, _, _ = snapshot_config(spark, cell_cfg, frame, cell_dir, data.train_features.regions)
+        configs.append({**config, "label": cell.label})
+        todo.append((cell, cell_cfg, info, cell_dir))
+        logger.info("experiment cell %s: %d original + %d augmented pairs", cell.label, n_orig, n_aug)
+    lap("snapshots")
+    if configs:
+        run_distributed_many(cfg, configs)
+        counts["cells.trained"] += len(configs)
+    lap("training")
+    for cell, cell_cfg, info, cell_dir in todo:
+        trained[cell.label] = record_cell(cell, cell_cfg, info, cell_dir, data.train_features.kind, parent_id)
+    ordered = {c.label: trained[c.label] for c in cells}
     lap("child_runs")
-    return trained
+    return ordered
+
+
+def record_cell(cell: Cell, cell_cfg: ErgConfig, info: dict[str, Any], cell_dir: Path, features: str,
+                parent_id: str) -> dict[str, Any]:
+    """A trained cell as a child run of the experiment: its params (cell, seed, fingerprint), counts, loss curve
+    and model (``captioner`` artifacts); the run's tag ``erg.cell_fingerprint`` is what a rerun finds it by."""
+    import mlflow
+
+    summary = _summary_of(cell_dir / "model")
+    if summary is None:
+        raise RuntimeError(f"cell {cell.label}: training finished without rank 0's summary in {cell_dir / 'model'}")
+    with job_run(cell_cfg, "experiment_cell", sections=("train",),
+                 params={"cell": cell.name, "style": cell.style, "captioner": cell.captioner,
+                         "variant": cell.variant, "types": ",".join(cell.types or ["all"]),
+                         "fraction": cell.fraction, "features": features, "seed": cell.seed,
+                         "fingerprint": info["fingerprint"]}) as child:
+        mlflow.set_tags({"erg.cell": cell.name, "erg.experiment_run": parent_id, "erg.seed": str(cell.seed)})
+        log_counts({"train_pairs": info["train_pairs"], "train_pairs.original": info["train_pairs_original"],
+                    "train_pairs.augmented": info["train_pairs_augmented"], "train_seconds": summary["seconds"],
+                    "loss_first": summary["loss_first"], "loss_last": summary["loss_last"],
+                    "vocab_size": summary["vocab_size"],
+                    "inserted_words_weighted": summary.get("inserted_words_weighted", 0)})
+        _log_loss_curve(child.info.run_id, summary)
+        mlflow.log_artifacts(str(cell_dir / "model"), "captioner")
+        mlflow.set_tag("erg.cell_fingerprint", info["fingerprint"])  # last: only a fully logged cell is found
+    return {**info, "run_id": child.info.run_id, "path": str(cell_dir / "model"), "reused": False,
+            "train_seconds": summary["seconds"], "loss_last": summary["loss_last"]}
 
 
 def score_cells(spark: SparkSession, cfg: ErgConfig, trained: dict[str, dict[str, Any]], data: ExperimentData,
@@ -444,7 +570,8 @@ def score_cells(spark: SparkSession, cfg: ErgConfig, trained: dict[str, dict[str
                                if "independent_probability" in group else float("nan"))
                 row = {"style": style, "captioner": cell.captioner, "variant": cell.variant,
                        "types": list(cell.types) if cell.types else "all", "fraction": cell.fraction,
-                       "eps": cell.eps,
+                       "eps": cell.eps, "seed": cell.seed, "reused": info.get("reused", False),
+                       "fingerprint": info["fingerprint"],
                        "bleu1": scores["BLEU-1"], "bleu3": scores["BLEU-3"], "meteor": scores["METEOR"],
                        "cider": scores["CIDEr"], "cls": scores["cls."], "cls_independent": independent,
                        "ppl": scores["ppl."], "ppl_nonfinite": nonfinite_perplexities(group),
@@ -456,18 +583,18 @@ def score_cells(spark: SparkSession, cfg: ErgConfig, trained: dict[str, dict[str
                 _log_child_metrics(info["run_id"], {k: row[k] for k in ("bleu1", "bleu3", "meteor", "cider", "cls",
                                                                          "cls_independent", "ppl", "ppl_nonfinite",
                                                                          "test_images")})
-                for r in group.head(e.samples_to_log).itertuples():
+                for r in group.head(e.samples_to_log if cell.seed == e.seeds[0] else 0).itertuples():
                     samples.append({"style": style, "captioner": cell.captioner, "variant": cell.variant,
-                                    "image_id": r.image_id, "hypothesis": r.hypothesis,
+                                    "seed": cell.seed, "image_id": r.image_id, "hypothesis": r.hypothesis,
                                     "references": references[r.image_id][:2]})
-    order = {name: i for i, name in enumerate(trained)}
-    rows.sort(key=lambda r: order[f"{r['style']}/{r['captioner']}/{r['variant']}"])
+    order = {label: i for i, label in enumerate(trained)}
+    rows.sort(key=lambda r: order[f"{r['style']}/{r['captioner']}/{r['variant']}#seed={r['seed']}"])
     return rows, samples, pd.concat(captions, ignore_index=True) if captions else pd.DataFrame()
 
 
 def measure_eps(spark: SparkSession, cfg_eps: ErgConfig, run: dict[str, Any], f5: tuple, folder: Path,
-                parent_id: str, lap, classifiers_path: str, lm_path: str, grader: dict[str, Any] | None
-                ) -> dict[str, Any]:
+                parent_id: str, lap, classifiers_path: str, lm_path: str, grader: dict[str, Any] | None,
+                counts: dict[str, float] | None = None) -> dict[str, Any]:
     """Fig. 5's eps curve, one eps: Fig. 5's captioner trained on each style's original pairs plus the passing
     augmented pairs of the ERG run at that eps (``cfg_eps``'s schema, :func:`jobs.eps_sweep.run_erg_at`; capped as
     the main cells), scored as every cell (the main run's evaluation classifiers, LM and independent grader).
@@ -483,10 +610,11 @@ def measure_eps(spark: SparkSession, cfg_eps: ErgConfig, run: dict[str, Any], f5
         data.unpersist()
         return {"rows": [], "samples": [], "hypotheses": pd.DataFrame(), "leakage": {},
                 "not_measured": {s: str(exc) for s in styles}}
-    cells = [Cell(style, captioner, f"augmented@eps={eps:g}", None, 1.0, eps) for style in measured]
+    cells = [Cell(style, captioner, f"augmented@eps={eps:g}", None, 1.0, eps, cfg_eps.experiment.seeds[0])
+             for style in measured]
     leakage = measure_leakage(spark, cfg_eps, data, pool)
     lap("leakage")
-    trained = train_cells(spark, cfg_eps, cells, data, pool, folder, parent_id, lap)
+    trained = train_cells(spark, cfg_eps, cells, data, pool, folder, parent_id, lap, counts)
     rows, samples, hypotheses = score_cells(spark, cfg_eps, trained, data, measured, classifiers_path, lm_path,
                                             grader)
     data.unpersist()
@@ -553,8 +681,8 @@ def run_experiment(spark: SparkSession, cfg: ErgConfig, *, command: str | None =
     from jobs.eps_sweep import run_erg_at, sweep_values
     from jobs.extract import EVALUATION_CLASSIFIERS
     from jobs.train import check_hparams
-    from models.experiment_report import (caption_modes, eps_curve, render_fig5, render_fig5_eps, render_table5,
-                                          size_curve)
+    from models.experiment_report import (aggregate_seeds, caption_modes, eps_curve, render_fig5, render_fig5_eps,
+                                          render_table5, seed_deltas, size_curve)
 
     e = cfg.experiment
     command = command or _command()
@@ -606,7 +734,8 @@ def run_experiment(spark: SparkSession, cfg: ErgConfig, *, command: str | None =
         lap("leakage")
         grader = fit_independent_classifier(spark, cfg, measured, folder / "independent_classifier")
         lap("independent_classifier")
-        trained = train_cells(spark, cfg, cells, data, pool, folder, parent_id, lap)
+        cell_counts: dict[str, float] = {}
+        trained = train_cells(spark, cfg, cells, data, pool, folder, parent_id, lap, cell_counts)
         rows, samples, hypotheses = score_cells(spark, cfg, trained, data, measured, classifiers["path"],
                                                 generator["lm_path"], grader)
         data.unpersist()
@@ -619,7 +748,7 @@ def run_experiment(spark: SparkSession, cfg: ErgConfig, *, command: str | None =
                 lap(f"{tag}.erg")
                 got = measure_eps(spark, cfg_eps, run, f5, folder / tag, parent_id,
                                   lambda stage, tag=tag: lap(f"{tag}.{stage}"), classifiers["path"],
-                                  generator["lm_path"], grader)
+                                  generator["lm_path"], grader, cell_counts)
                 rows += got["rows"]
                 samples += got["samples"]
                 hypotheses = pd.concat([hypotheses, got["hypotheses"]], ignore_index=True)
@@ -627,8 +756,16 @@ def run_experiment(spark: SparkSession, cfg: ErgConfig, *, command: str | None =
                 eps_measured.append({**run, "not_measured": got["not_measured"]})
                 lap(f"{tag}.decode_and_score")
 
+        seed_rows, rows = rows, aggregate_seeds(rows)
+        deltas = seed_deltas(seed_rows)
+        intervals = {(d["style"], d["captioner"], d["variant"]): d["ci95"] for d in deltas}
+        for row in rows:
+            if (row["style"], row["captioner"], row["variant"]) in intervals:
+                row["ci95"] = intervals[(row["style"], row["captioner"], row["variant"])]
         result: dict[str, Any] = {
             "command": command, "run_id": parent_id, "styles": measured, "captioners": list(e.captioners),
+            "seeds": list(e.seeds), "interval": "95% t-interval over the seeds of the paired (same seed) deltas",
+            "seed_rows": seed_rows, "deltas": deltas, "cell_counts": cell_counts,
             "features": data.train_features.description, "rows": rows, "leakage": leakage,
             "not_measured": not_measured, **describe_setup(cfg, generator, classifiers, grader, version is not None),
             "generator_version": generator["version"], "counts": data.counts, "samples": samples,
@@ -648,7 +785,7 @@ def run_experiment(spark: SparkSession, cfg: ErgConfig, *, command: str | None =
                                        "eps_runs": eps_measured})
         result["report_dir"] = str(write_report(result, folder, hypotheses))
         log_counts({**{k: v for k, v in data.counts.items() if isinstance(v, (int, float))},
-                    **{f"leakage.{k}": v for k, v in leakage.items()}, "cells": len(cells),
+                    **{f"leakage.{k}": v for k, v in leakage.items()}, "cells": len(cells), **cell_counts,
                     **{f"stage_seconds.{k}": v for k, v in stages.items()},
                     "seconds": result["seconds"]})
         for row in rows:

@@ -232,13 +232,10 @@ def train_and_record(config: dict[str, Any]) -> dict[str, Any] | None:
 
 def train_and_record_many(configs: list[dict[str, Any]]) -> list[dict[str, Any] | None]:
     """:func:`models.captioner_training.train_workers` (several models in one launch), each rank 0 summary also
-    written to its ``<output_dir>/train_summary.json``."""
+    written to its ``<output_dir>/train_summary.json`` as soon as that model is done."""
     from models.captioner_training import train_workers
 
-    summaries = train_workers(configs)
-    for config, summary in zip(configs, summaries):
-        _record_summary(config, summary)
-    return summaries
+    return train_workers(configs, on_trained=_record_summary)
 
 
 def run_distributed_many(cfg: ErgConfig, configs: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -478,10 +478,14 @@ def train_worker(config: dict[str, Any], on_step: OnStep | None = None) -> dict[
         collective.close()
 
 
-def train_workers(configs: list[dict[str, Any]]) -> list[dict[str, Any] | None]:
+def train_workers(configs: list[dict[str, Any]],
+                  on_trained: Callable[[dict[str, Any], dict[str, Any] | None], None] | None = None
+                  ) -> list[dict[str, Any] | None]:
     """Train several captioners one after the other in the same worker processes and process group (one launch of
     TorchDistributor or Horovod for many models, e.g. the cells of ``erg experiment``); rank 0 returns each one's
-    summary (as :func:`train_worker`), the other ranks Nones. Every config must name the same device and backend."""
+    summary (as :func:`train_worker`), the other ranks Nones. Every config must name the same device and backend.
+    ``on_trained(config, summary)`` runs on every rank as each model is done (before the next starts), so that a
+    launch stopped midway leaves its finished models recorded."""
     parsed = [TrainConfig.from_dict(c) for c in configs]
     if not parsed:
         raise ValueError("no training configs given")
@@ -492,7 +496,11 @@ def train_workers(configs: list[dict[str, Any]]) -> list[dict[str, Any] | None]:
     device = _worker_device(parsed[0].device, local_rank)
     collective = _join(parsed[0].backend, device)
     try:
-        results = [_train(cfg, collective, device, None, (i, len(parsed))) for i, cfg in enumerate(parsed, 1)]
+        results = []
+        for i, (raw, cfg) in enumerate(zip(configs, parsed), 1):
+            results.append(_train(cfg, collective, device, None, (i, len(parsed))))
+            if on_trained is not None:
+                on_trained(raw, results[-1])
         collective.finish()
         return results
     finally:

@@ -34,6 +34,86 @@ def cider_gain_percent(original: float, augmented: float) -> float:
     return (augmented - original) / original * 100.0
 
 
+# Two-sided 95% quantiles of Student's t by degrees of freedom (1-30); beyond 30 the normal's 1.96 is within 2%.
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+DELTAS = ("delta_cider_percent", "delta_cls", "delta_cls_independent")
+CELL_KEYS = ("style", "captioner", "variant")
+
+
+def t_interval(values: Sequence[float]) -> dict[str, Any] | None:
+    """Mean and 95% t-interval of ``values`` (the seeds' paired deltas): ``{"mean", "sd", "low", "high", "n",
+    "excludes_zero"}``; None with fewer than two finite values (one seed gives no interval)."""
+    finite = [float(v) for v in values if v is not None and not math.isnan(v)]
+    n = len(finite)
+    if n < 2:
+        return None
+    mean = sum(finite) / n
+    sd = math.sqrt(sum((v - mean) ** 2 for v in finite) / (n - 1))
+    half = (_T975[n - 2] if n - 1 <= len(_T975) else 1.96) * sd / math.sqrt(n)
+    return {"mean": mean, "sd": sd, "low": mean - half, "high": mean + half, "n": n,
+            "excludes_zero": bool(mean - half > 0 or mean + half < 0)}
+
+
+def _cell(row: Mapping[str, Any]) -> tuple:
+    return tuple(row[k] for k in CELL_KEYS)
+
+
+def aggregate_seeds(seed_rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One row per cell (style, captioner, variant) from its seeds' rows, in first-seen order: every metric the mean
+    over the seeds, ``seeds`` (each seed), ``run_ids`` (each seed's run; ``run_id`` the first's), ``per_seed``
+    (metric -> each seed's value, in ``seeds`` order) and ``sd`` (metric -> sample standard deviation, 0 for one
+    seed); counts (pairs, test images) from the first seed."""
+    groups: dict[tuple, list[Mapping[str, Any]]] = {}
+    for row in seed_rows:
+        groups.setdefault(_cell(row), []).append(row)
+    out = []
+    for group in groups.values():
+        group = sorted(group, key=lambda r: r.get("seed", 0))
+        row = dict(group[0])
+        row["seeds"] = [r.get("seed") for r in group]
+        row["run_ids"] = [r.get("run_id") for r in group]
+        row["per_seed"], row["sd"] = {}, {}
+        for metric in METRICS:
+            values = [r.get(metric) for r in group]
+            finite = [float(v) for v in values if v is not None and not math.isnan(v)]
+            row["per_seed"][metric] = values
+            row[metric] = sum(finite) / len(finite) if finite else float("nan")
+            row["sd"][metric] = (math.sqrt(sum((v - row[metric]) ** 2 for v in finite) / (len(finite) - 1))
+                                 if len(finite) > 1 else 0.0)
+        for key in ("seed", "fingerprint", "reused"):
+            row.pop(key, None)
+        out.append(row)
+    return out
+
+
+def seed_deltas(seed_rows: Sequence[Mapping[str, Any]], baseline: str = "original") -> list[dict[str, Any]]:
+    """Every cell's deltas against ``baseline`` of the same style and captioner, paired by seed (a seed's cell minus
+    the baseline's cell trained with the same seed), each with its 95% t-interval over the seeds: ``{"style",
+    "captioner", "variant", "baseline", "seeds", "per_seed": {delta: [...]}, "ci95": {delta: t_interval or None}}``
+    (ΔC % relative, Δcls. and Δcls. (indep.) in points)."""
+    base = {(r["style"], r["captioner"], r.get("seed")): r for r in seed_rows if r["variant"] == baseline}
+    groups: dict[tuple, list[tuple[Mapping[str, Any], Mapping[str, Any]]]] = {}
+    for row in seed_rows:
+        before = base.get((row["style"], row["captioner"], row.get("seed")))
+        if row["variant"] != baseline and before is not None:
+            groups.setdefault(_cell(row), []).append((before, row))
+    out = []
+    for (style, captioner, variant), pairs in groups.items():
+        pairs.sort(key=lambda p: p[1].get("seed", 0))
+        per_seed = {
+            "delta_cider_percent": [cider_gain_percent(b["cider"], a["cider"]) for b, a in pairs],
+            "delta_cls": [(a["cls"] - b["cls"]) * 100.0 for b, a in pairs],
+            "delta_cls_independent": [(a["cls_independent"] - b["cls_independent"]) * 100.0
+                                      if a.get("cls_independent") is not None
+                                      and b.get("cls_independent") is not None else float("nan")
+                                      for b, a in pairs]}
+        out.append({"style": style, "captioner": captioner, "variant": variant, "baseline": baseline,
+                    "seeds": [a.get("seed") for _, a in pairs], "per_seed": per_seed,
+                    "ci95": {k: t_interval(v) for k, v in per_seed.items()}})
+    return out
+
+
 def table2_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """The Table 2 cells (``variant`` original / augmented) with, on each augmented row, ``delta_cider_percent`` and
     ``delta_cls`` (points) against the original row of the same style and captioner."""
@@ -98,14 +178,35 @@ def render_table2(rows: Sequence[Mapping[str, Any]]) -> str:
              + " | pairs | ΔC % | Δcls. | Δcls. (indep.) |",
              "| --- | --- | --- | " + " | ".join("---:" for _ in METRICS) + " | ---: | ---: | ---: | ---: |"]
     for row in table2_rows(rows):
-        deltas = [f"{row['delta_cider_percent']:+.1f}" if not math.isnan(row.get("delta_cider_percent", math.nan))
-                  else "-",
-                  f"{row['delta_cls']:+.1f}" if "delta_cls" in row else "-",
-                  f"{row['delta_cls_independent']:+.1f}" if "delta_cls_independent" in row else "-"]
+        deltas = [_delta(row, key) for key in DELTAS]
         lines.append(f"| {row['style']} | {row['captioner']} | {row['variant']} | "
-                     + " | ".join(_number(row.get(m), m) for m in METRICS)
+                     + " | ".join(_spread(row, m) for m in METRICS)
                      + f" | {row['train_pairs']} | " + " | ".join(deltas) + " |")
+    seeds = sorted({len(r.get("seeds") or [None]) for r in rows})
+    if seeds != [1]:
+        lines += ["", f"Seeds per cell: {', '.join(map(str, seeds))}. Metrics are the mean ± sd over the seeds; "
+                  "each delta is the mean of the seeds' paired deltas with its 95% t-interval over the seeds in "
+                  "brackets, * where the interval excludes 0."]
     return "\n".join(lines) + "\n"
+
+
+def _spread(row: Mapping[str, Any], metric: str) -> str:
+    """A metric as printed, with ``± sd`` where the row has more than one seed."""
+    text = _number(row.get(metric), metric)
+    if len(row.get("seeds") or []) > 1 and text != "-":
+        text += " ± " + _number((row.get("sd") or {}).get(metric), metric)
+    return text
+
+
+def _delta(row: Mapping[str, Any], key: str) -> str:
+    """A delta as printed: the paired mean with its 95% interval (and * if it excludes 0) where the row has one,
+    else the delta of the means."""
+    interval = (row.get("ci95") or {}).get(key)
+    if interval:
+        return (f"{interval['mean']:+.1f} [{interval['low']:+.1f}, {interval['high']:+.1f}]"
+                + ("*" if interval["excludes_zero"] else ""))
+    value = row.get(key)
+    return "-" if value is None or math.isnan(value) else f"{value:+.1f}"
 
 
 def render_table5(rows: Sequence[Mapping[str, Any]], captioner: str, styles: Sequence[str]) -> str:

@@ -227,7 +227,7 @@ def test_experiment_report_and_mlflow_runs(setup, experiment) -> None:
     per_cell = captions.groupby("variant").size()  # variant: the cell, style/captioner/data
     assert len(per_cell) == len(experiment["rows"])
     for row in experiment["rows"]:
-        assert per_cell[f"{row['style']}/{row['captioner']}/{row['variant']}"] == row["test_images"]
+        assert per_cell[f"{row['style']}/{row['captioner']}/{row['variant']}#seed=23"] == row["test_images"]
     assert sorted(m["captions"] for m in experiment["modes"]) == sorted(r["test_images"] for r in experiment["rows"])
     assert "## Most frequent captions" in text
     exp = client.get_experiment_by_name(cfg.mlflow.experiment)
@@ -256,3 +256,49 @@ def test_table2_script_writes_json_and_markdown(setup, experiment, tmp_path: Pat
                             "train_pairs"}
     assert data["leakage"]["test_scene_phrases_in_training"] == data["leakage"]["test_images_in_training"] == 0
     assert (tmp_path / "table2.md").read_text().startswith("# ERG experiment") and out["json"].endswith("table2.json")
+
+
+def test_a_stopped_experiment_resumes_without_training_finished_cells_again(spark, setup, experiment, monkeypatch
+                                                                              ) -> None:
+    """A launch stopped after two of its four cells (as a preempted cluster): the rerun records those two from
+    their folders and trains only the other two; a third run reuses all four from MLflow; and every score equals
+    that of a run that trains everything again (``experiment.resume: false``)."""
+    import jobs.experiment as experiment_job
+    from jobs.experiment import run_experiment
+    from jobs.model_store import model_dir
+
+    cfg = setup["cfg"].model_copy(deep=True)
+    cfg.train.epochs = 2  # cells of their own: the fixture's (3 epochs) are not theirs to reuse
+    cfg.experiment.table5.enabled = cfg.experiment.fig5.enabled = False
+    real = experiment_job.run_distributed_many
+
+    def preempted(conf, configs):
+        real(conf, configs[:2])
+        raise RuntimeError("preempted after two cells")
+
+    monkeypatch.setattr(experiment_job, "run_distributed_many", preempted)
+    with pytest.raises(RuntimeError, match="preempted"):
+        run_experiment(spark, cfg, command="stopped")
+    monkeypatch.setattr(experiment_job, "run_distributed_many", real)
+    cells_root = model_dir(cfg, "experiment_cell", "x").parent
+    finished = {p: p.stat().st_mtime_ns for p in cells_root.glob("*/model/train_summary.json")}
+
+    resumed = run_experiment(spark, cfg, command="resumed")
+    assert resumed["cell_counts"] == {"cells.reused": 0, "cells.recorded_from_disk": 2, "cells.trained": 2,
+                                      "cells.reuse_failed": 0}
+    assert {p: p.stat().st_mtime_ns for p in finished} == finished  # not trained again
+    again = run_experiment(spark, cfg, command="again")
+    assert again["cell_counts"]["cells.reused"] == 4 and again["cell_counts"]["cells.trained"] == 0
+    assert all(r["reused"] for r in again["seed_rows"])
+    fresh_cfg = cfg.model_copy(deep=True)
+    fresh_cfg.experiment.resume = False
+    fresh = run_experiment(spark, fresh_cfg, command="uninterrupted")
+    assert fresh["cell_counts"]["cells.trained"] == 4 and fresh["cell_counts"]["cells.reused"] == 0
+
+    def table(result):
+        return {(r["style"], r["variant"]): tuple(r[m] for m in ("bleu1", "bleu3", "meteor", "cider", "cls",
+                                                                  "cls_independent", "ppl", "train_pairs"))
+                for r in result["rows"]}
+
+    assert len(table(fresh)) == 4
+    assert table(resumed) == table(again) == table(fresh)
