@@ -18,7 +18,7 @@ from pyspark.sql import functions as F
 
 from jobs.config import ErgConfig
 from jobs.spark import default_parallelism, spread_tasks
-from jobs.tables import merge_rows, read_table
+from jobs.tables import merge_rows, query_captions, read_table
 from jobs.tracking import job_run, log_counts, step_seconds
 from udfs.embedding import (
     EMBEDDED_SCHEMA,
@@ -50,7 +50,7 @@ def embed_items(spark: SparkSession, cfg: ErgConfig, kind: str) -> DataFrame:
     ``has_input`` is false for an image that lacks what a ``kind`` encoder needs (or has no ``images`` row).
     """
     stylized = read_table(spark, cfg, "stylized_captions")
-    factual = read_table(spark, cfg, "factual_captions")
+    factual = query_captions(spark, cfg)
     none_text, none_bytes = F.lit(None).cast("string"), F.lit(None).cast("binary")
 
     def captions(frame: DataFrame, id_column: str, item_kind: str) -> DataFrame:

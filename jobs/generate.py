@@ -24,7 +24,7 @@ from jobs.extract import EVALUATION_CLASSIFIERS
 from jobs.leakage import leakage_counts
 from jobs.model_store import get_current, log_transformers_model, model_dir, require_current, set_current
 from jobs.spark import default_parallelism, spread_tasks
-from jobs.tables import TABLES, merge_rows, read_table
+from jobs.tables import TABLES, merge_rows, query_captions, read_table
 from jobs.tracking import StepLogger, job_run, log_counts
 from udfs.generation import SCORED_COLUMNS, make_candidate_scorer, make_generator
 from udfs.visual_relatedness import visual_options
@@ -71,7 +71,7 @@ def factual_vocabulary(spark: SparkSession, cfg: ErgConfig) -> list[str]:
             seen = {w for c in frame["caption"].fillna("") for w in caption_words(c)}
             yield pd.DataFrame({"word": sorted(seen)})
 
-    factual = read_table(spark, cfg, "factual_captions").select("caption")
+    factual = query_captions(spark, cfg).select("caption")
     return sorted(r.word for r in factual.mapInPandas(words, "word string").distinct().collect())
 
 
@@ -168,7 +168,7 @@ def factual_background_lms(spark: SparkSession, cfg: ErgConfig, folds: int, min_
                     if isinstance(caption, str) for tri in sentence_trigrams(caption)]
             yield pd.DataFrame(rows, columns=["fold", "u", "v", "w"])
 
-    counts = (read_table(spark, cfg, "factual_captions").select("image_id", "caption")
+    counts = (query_captions(spark, cfg).select("image_id", "caption")
               .mapInPandas(trigrams, "fold int, u string, v string, w string")
               .groupBy("fold", "u", "v", "w").count().toPandas())
     lms = []
@@ -253,7 +253,7 @@ def candidates(spark: SparkSession, cfg: ErgConfig, generator_version: str):
     phrases = (read_table(spark, cfg, "style_phrases")
                .select("scene_id", "style", "style_phrase", F.col("tokens").alias("phrase_tokens"), "phrase_mask")
                .join(train_scenes, "scene_id", "left_semi"))  # a val/test scene's phrase never becomes a candidate
-    factual = read_table(spark, cfg, "factual_captions").select(
+    factual = query_captions(spark, cfg).select(
         F.col("caption_id").alias("query_id"), "image_id", "image_uri", F.col("caption").alias("factual_caption"))
     cand = (hits.select("query_id", "scene_id", "retrieval_type", "similarity")
             .join(phrases, "scene_id").join(factual, "query_id")

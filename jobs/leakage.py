@@ -8,7 +8,10 @@ alone over one run's rows: :func:`retrievals_leakage`):
 - ``leakage.augmented_non_train_phrase``: ``augmented_captions`` rows whose phrase comes from such a scene;
 - ``leakage.training_set_non_train_images``: rows of the ``training_set`` view in its train split (what ``erg
   train`` reads) that show a val/test image of the stylized set, or that carry a phrase of a non-train scene;
-- ``leakage.factual_stylized_overlap``: ``factual_captions`` (P) rows whose image has stylized captions.
+- ``leakage.factual_stylized_overlap``: ``factual_captions`` (P) rows whose image has stylized captions;
+- ``leakage.queries_non_train_image``: queries (:func:`jobs.tables.query_captions`: P, and with
+  ``retrieve.train_descriptions_as_queries`` the train images' scene descriptions) that show a val/test image;
+- ``leakage.augmented_non_train_image``: ``augmented_captions`` rows generated for a val/test image.
 
 A scene or image counts as non-train when its split is anything but ``train`` (val, test, or missing). A table
 that does not exist yet counts 0. Every count is 0 on a clean pipeline.
@@ -19,13 +22,15 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from jobs.config import ErgConfig
-from jobs.tables import table_name
+from jobs.tables import query_captions, table_name
 
 LEAKAGE_METRICS: tuple[str, ...] = (
     "leakage.retrievals_non_train_scene",
     "leakage.augmented_non_train_phrase",
     "leakage.training_set_non_train_images",
     "leakage.factual_stylized_overlap",
+    "leakage.queries_non_train_image",
+    "leakage.augmented_non_train_image",
 )
 
 
@@ -52,7 +57,7 @@ def retrievals_leakage(spark: SparkSession, cfg: ErgConfig, run_id: str) -> dict
 
 
 def leakage_counts(spark: SparkSession, cfg: ErgConfig) -> dict[str, int]:
-    """The four leakage counts of the module docstring (0 where a table is missing or empty)."""
+    """The leakage counts of the module docstring (0 where a table is missing or empty)."""
     counts = {name: 0 for name in LEAKAGE_METRICS}
     stylized = _table(spark, cfg, "stylized_captions")
     if stylized is None:
@@ -66,6 +71,7 @@ def leakage_counts(spark: SparkSession, cfg: ErgConfig) -> dict[str, int]:
     augmented = _table(spark, cfg, "augmented_captions")
     if augmented is not None:
         counts["leakage.augmented_non_train_phrase"] = augmented.join(held_scenes, "scene_id", "left_semi").count()
+        counts["leakage.augmented_non_train_image"] = augmented.join(held_images, "image_id", "left_semi").count()
     training = _table(spark, cfg, "training_set")
     if training is not None and augmented is not None:
         train_rows = training.where(F.col("split") == "train")
@@ -77,4 +83,7 @@ def leakage_counts(spark: SparkSession, cfg: ErgConfig) -> dict[str, int]:
     if factual is not None:
         counts["leakage.factual_stylized_overlap"] = (
             factual.join(stylized.select("image_id").distinct(), "image_id", "left_semi").count())
+        if _table(spark, cfg, "images") is not None:
+            counts["leakage.queries_non_train_image"] = (
+                query_captions(spark, cfg).join(held_images, "image_id", "left_semi").count())
     return {k: int(v) for k, v in counts.items()}

@@ -45,7 +45,7 @@ from jobs.embed import encoder_spec
 from jobs.errors import UserError
 from jobs.leakage import leakage_counts, retrievals_leakage
 from jobs.spark import has_spark_context
-from jobs.tables import append_rows, apply_changes, read_table, table_name
+from jobs.tables import append_rows, apply_changes, query_captions, read_table, table_name
 from jobs.tracking import job_run, log_counts, step_seconds
 from jobs.watermarks import record_version as record_watermark
 from jobs.watermarks import table_version, watermark_version
@@ -143,7 +143,7 @@ def factual_queries(
     ids (an incremental run's new captions), so the vectors are cut to its queries' before they are joined (a
     broadcast semi join): the join then moves those few, not every vector of the table.
     """
-    queries = read_table(spark, cfg, "factual_captions").select(
+    queries = query_captions(spark, cfg).select(
         F.col("caption_id").alias("query_id"), F.col("image_id").alias("query_image_id")
     )
     text = vectors.where((F.col("item_kind") == "factual") & (F.col("modality") == "text"))
@@ -189,7 +189,7 @@ def _table5_inputs(hits: DataFrame, stylized: DataFrame) -> tuple[pd.DataFrame, 
 def _examples(hits: DataFrame, spark: SparkSession, cfg: ErgConfig, count: int) -> list[dict]:
     """Up to ``count`` factual queries (a stable pseudo-random choice) with all their hits and captions."""
     chosen = hits.select("query_id").distinct().orderBy(F.xxhash64("query_id"), "query_id").limit(count)
-    factual = read_table(spark, cfg, "factual_captions").select(
+    factual = query_captions(spark, cfg).select(
         F.col("caption_id").alias("query_id"), F.col("caption").alias("factual_caption")
     )
     stylized = read_table(spark, cfg, "stylized_captions").select(
@@ -395,7 +395,7 @@ def retrieve(spark: SparkSession, cfg: ErgConfig, query_filter: DataFrame | None
                              exclusion_margin(scene_image_map), conf.index.use_gpu, conf.index.gpu_fallback)
 
         modalities = query_modalities(conf.types)
-        factual = read_table(spark, cfg, "factual_captions").select("caption_id", "image_id")
+        factual = query_captions(spark, cfg).select("caption_id", "image_id")
         new_scene_ids: list[str] = []
         with step_seconds(counts, "queries"):
             if since is not None:
@@ -498,7 +498,7 @@ def old_query_hits(spark: SparkSession, cfg: ErgConfig, vectors: DataFrame, new_
     - the image types search each factual image's vector once, and its hits become those of its captions.
     ``new_scene_images``: ``scene_id``, ``_scene_image`` of the new scenes.
     """
-    factual = read_table(spark, cfg, "factual_captions").select(
+    factual = query_captions(spark, cfg).select(
         F.col("caption_id").alias("query_id"), F.col("image_id").alias("query_image_id"))
     old = factual.join(F.broadcast(new_queries.select(F.col("caption_id").alias("query_id"))), "query_id",
                        "left_anti")

@@ -209,7 +209,7 @@ def visual_context_features(spark: SparkSession, cfg: ErgConfig, pairs: DataFram
         vectors, embedded = cached_vectors(spark, cfg, texts.select("item_id", "text"), spec, identity.version,
                                            "visual_context", "text")
         joined = (pairs.select(*PAIR_COLUMNS).join(texts, "image_id")
-                  .where(~((F.col("source") == "factual") & F.col("source_caption").isNotNull()
+                  .where(~(F.col("source").isin("factual", "descriptions") & F.col("source_caption").isNotNull()
                            & (F.col("match_key") == match_key(F.col("source_caption")))))
                   .where(~((F.col("source") == "other_styles") & (F.col("text_style") == F.col("style")))))
         joined = joined.join(vectors, "item_id")

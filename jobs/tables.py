@@ -289,12 +289,43 @@ def read_table(spark: SparkSession, cfg: ErgConfig, table: str) -> DataFrame:
     return spark.table(table_name(cfg, table))
 
 
+DESCRIPTION_QUERY_SOURCE = "train_scene_description"
+
+
+def query_captions(spark: SparkSession, cfg: ErgConfig) -> DataFrame:
+    """The factual captions that ERG augments (the queries of retrieval, the sources of generation), with the
+    columns of ``factual_captions``: P, plus with ``retrieve.train_descriptions_as_queries`` the scene descriptions
+    of the images whose stylized captions are all in the train split (``source`` = ``train_scene_description``,
+    ``split`` train, ``caption_id`` = ``desc-`` + a hash of image and caption). A val or test image's description
+    is never a query: ``jobs.leakage`` counts queries of held-out images."""
+    factual = read_table(spark, cfg, "factual_captions")
+    if not cfg.retrieve.train_descriptions_as_queries:
+        return factual
+    stylized = read_table(spark, cfg, "stylized_captions")
+    held = stylized.where(F.coalesce(F.col("split"), F.lit("")) != "train").select("image_id")
+    train_images = (stylized.where(F.col("split") == "train").select("image_id").distinct()
+                    .join(held, "image_id", "left_anti"))
+    images = read_table(spark, cfg, "images").where(F.col("descriptions").isNotNull())
+    described = (images.join(train_images, "image_id", "left_semi")
+                 .select("image_id", F.col("uri").alias("image_uri"), F.explode("descriptions").alias("caption"),
+                         "ingest_time", "run_id")
+                 .where(F.length(F.trim("caption")) > 0)
+                 .withColumn("caption_id", F.concat(F.lit("desc-"), F.substring(
+                     F.sha2(F.concat_ws("|", "image_id", "caption"), 256), 1, 20)))
+                 .dropDuplicates(["caption_id"])
+                 .select("caption_id", "image_id", "image_uri", "caption",
+                         F.lit(DESCRIPTION_QUERY_SOURCE).alias("source"), F.lit("train").alias("split"),
+                         "ingest_time", "run_id"))
+    return factual.select(*described.columns).unionByName(described)
+
+
 def scene_descriptions(spark: SparkSession, cfg: ErgConfig) -> DataFrame:
     """``image_id, caption``: the scene descriptions of the stylized images, one row per description.
 
     These are the factual captions of images that have stylized captions (e.g. FlickrStyle10K's five Flickr30K
     captions per image), which are not part of the factual corpus P; ingest keeps them in ``images.descriptions``.
-    Use them as gold scene content (phrase quality) or as textual visual context, never as retrieval queries.
+    Use them as gold scene content (phrase quality) or as textual visual context; they are retrieval queries only
+    through :func:`query_captions` (train images, behind a conf switch).
     """
     return (read_table(spark, cfg, "images").where(F.col("descriptions").isNotNull())
             .select("image_id", F.explode("descriptions").alias("caption")))
