@@ -489,8 +489,11 @@ class Fig5Conf(_Section):
     enabled: bool = True
     captioner: Literal["nic", "transformer", "updown"] = "nic"
     style_set: Optional[str] = Field(None, description="the style set measured; null = the first of style_sets")
-    sizes: list[float] = Field(default_factory=lambda: [0.0, 0.25, 0.5, 1.0], description="shares of the "
-                               "augmented pairs (nested subsets chosen by a hash of the pair id)")
+    sizes: list[float] = Field(default_factory=lambda: [0.0, 0.1, 0.3, 0.5, 0.7, 1.0], description="shares of "
+                               "the augmented pairs, the paper's 0/10/30/50/70/100% (nested subsets: see order)")
+    order: Literal["perplexity", "hash"] = Field(
+        "perplexity", description="which pairs a share takes: perplexity = the lowest trigram perplexity first (the "
+        "paper's Fig. 5: sorted by ascending perplexity), hash = by a hash of the pair id (a random subset)")
     eps: list[float] = Field(default_factory=list, description="extraction proportions of the eps curve (the paper: "
                              "[0.05, 0.25, 0.5]); each one other than extract.eps reruns extract (the same "
                              "classifiers, the style head re-selected at that eps), embed, retrieve and generate in "

@@ -10,12 +10,16 @@ which settings.
    Test = every (image, style) of the test split with its stylized captions as references (``max_test_images``).
 3. **Cells.** Table 2: each measured style x ``experiment.captioners`` x {original, augmented}. Table 5 (one
    captioner, one style set): each retrieval type's augmented pairs alone. Fig. 5 (likewise): shares of the
-   augmented pairs (nested: the first share of the same hash order), and the augmented pairs of ERG rerun at each
+   augmented pairs (nested: the lowest trigram perplexity first, as the paper, ``experiment.fig5.order``), and the
+   augmented pairs of ERG rerun at each
    other extraction proportion eps (``experiment.fig5.eps``: :mod:`jobs.eps_sweep`, each in a schema of its own,
    nested under the experiment's run and only where Fig. 5's style set is measured; :func:`measure_eps`). Equal
-   cells are trained once. Every cell's pairs are written as its training snapshot, then one TorchDistributor (or
-   Horovod) launch trains all the cells' captioners one after the other in the same worker processes; each cell is
-   a child MLflow run.
+   cells are trained once, once per seed (``experiment.seeds``). Every cell's pairs are written as its training
+   snapshot, then one TorchDistributor (or Horovod) launch trains all the cells' captioners one after the other in
+   the same worker processes; each cell is a child MLflow run. **Resumable**: a cell is known by its fingerprint
+   (cell, seed, training conf, a content version of its pairs); one recorded by an earlier run is reused, and one a
+   stopped launch finished is recorded from its folder, so a rerun after a stop trains only what is left
+   (:func:`train_cells`).
 4. **Scores.** Per style, every cell's captioner captions the test images (greedy, an iterator pandas UDF), scored
    by BLEU-1/3, METEOR, CIDEr (one ``CaptionScorer``), cls. by the per-style evaluation classifiers (filter 1 of
    generate), cls. by an *independent* classifier trained here on the half of the train split's images that a hash
@@ -160,7 +164,7 @@ def experiment_pairs(spark: SparkSession, cfg: ErgConfig, styles: list[str], gen
     if generator_version is not None:
         frame = frame.where((F.col("origin") == "original") | (F.col("generator_version") == generator_version))
     return frame.select("pair_id", "image_id", "caption", "style", "origin", "scene_id", "retrieval_type",
-                        F.col("factual_caption").alias("source_caption"))
+                        "perplexity", F.col("factual_caption").alias("source_caption"))
 
 
 def rank_augmented(frame: DataFrame) -> DataFrame:
@@ -181,17 +185,25 @@ def test_pairs(spark: SparkSession, cfg: ErgConfig, styles: list[str]) -> DataFr
     return evaluation_pairs(spark, eval_cfg, styles).withColumn("pair_id", F.concat_ws("|", "image_id", "style"))
 
 
-def cell_pairs(pairs: DataFrame, cell: Cell, pool: dict[str, int], available: dict[tuple[str, str], int]
-               ) -> tuple[DataFrame, int, int]:
+def cell_pairs(pairs: DataFrame, cell: Cell, pool: dict[str, int], available: dict[tuple[str, str], int],
+               order: str) -> tuple[DataFrame, int, int]:
     """The training pairs of ``cell`` (with features): its style's original pairs plus its share of the capped
-    augmented pool (``pool[style]`` pairs, the lowest ranks), restricted to its retrieval types; returns (pairs,
-    original count, augmented count). ``available[(style, origin)]`` counts the pairs with features."""
+    augmented pool (``pool[style]`` pairs, the lowest hash ranks), restricted to its retrieval types; returns
+    (pairs, original count, augmented count). A share below 1 takes the pool's pairs of lowest trigram perplexity
+    (``order`` perplexity, Fig. 5 as the paper) or of lowest hash rank (``hash``), so the shares are nested.
+    ``available[(style, origin)]`` counts the pairs with features."""
     original = available.get((cell.style, "original"), 0)
     mine = pairs.where(F.col("style") == cell.style)
     if cell.fraction <= 0:
         return mine.where(F.col("origin") == "original"), original, 0
-    limit = int(math.ceil(cell.fraction * pool.get(cell.style, 0)))
-    augmented = mine.where((F.col("origin") == "augmented") & (F.col("aug_rank") <= limit))
+    size = pool.get(cell.style, 0)
+    limit = int(math.ceil(cell.fraction * size))
+    augmented = mine.where((F.col("origin") == "augmented") & (F.col("aug_rank") <= size))
+    if limit < size:
+        by = ([F.col("perplexity").asc_nulls_last(), "aug_rank"] if order == "perplexity" else ["aug_rank"])
+        share_rank = F.row_number().over(Window.partitionBy("style").orderBy(*by))
+        augmented = augmented.withColumn("_share_rank", share_rank).where(F.col("_share_rank") <= limit).drop(
+            "_share_rank")
     if cell.types is not None:
         augmented = augmented.where(F.col("retrieval_type").isin(list(cell.types)))
     n_aug = augmented.count()
@@ -462,7 +474,7 @@ def train_cells(spark: SparkSession, cfg: ErgConfig, cells: list[Cell], data: Ex
     planned = []
     for cell in cells:
         cell_cfg = _with_captioner(cfg, cell.captioner, cell.style, cell.seed)
-        frame, n_orig, n_aug = cell_pairs(data.pairs_ok, cell, pool, data.available)
+        frame, n_orig, n_aug = cell_pairs(data.pairs_ok, cell, pool, data.available, cfg.experiment.fig5.order)
         conf = worker_config(cell_cfg, [], Path("."), data.train_features.regions, "n_regions")
         fingerprint = cell_fingerprint(cell, conf, data_version(frame))
         planned.append((cell, cell_cfg, frame, n_orig, n_aug, fingerprint,

@@ -83,7 +83,7 @@ def leakage_counts(spark: SparkSession, cfg: ErgConfig) -> dict[str, int]:
     if factual is not None:
         counts["leakage.factual_stylized_overlap"] = (
             factual.join(stylized.select("image_id").distinct(), "image_id", "left_semi").count())
-        if _table(spark, cfg, "images") is not None:
+        if not cfg.retrieve.train_descriptions_as_queries or _table(spark, cfg, "images") is not None:
             counts["leakage.queries_non_train_image"] = (
                 query_captions(spark, cfg).join(held_images, "image_id", "left_semi").count())
     return {k: int(v) for k, v in counts.items()}

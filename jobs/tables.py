@@ -117,8 +117,8 @@ def create_training_set_view(spark: SparkSession, cfg: ErgConfig) -> str:
     outside its train split. ``scene_id`` is the stylized scene a pair comes from: the original pair's own, or the
     scene whose phrase an augmented caption took. :func:`jobs.leakage.leakage_counts` checks both. An augmented
     pair also carries its ``generator_version`` (the view holds the passing rows of every version: filter on it to
-    train on one generator's output), the ``factual_caption`` it was generated from and its ``retrieval_type``
-    (null for original pairs).
+    train on one generator's output), the ``factual_caption`` it was generated from, its ``retrieval_type`` and
+    its ``perplexity`` under the style's trigram LM (null for original pairs).
     """
     name = table_name(cfg, "training_set")
     stylized, augmented = table_name(cfg, "stylized_captions"), table_name(cfg, "augmented_captions")
@@ -126,13 +126,13 @@ def create_training_set_view(spark: SparkSession, cfg: ErgConfig) -> str:
         CREATE OR REPLACE VIEW {name} AS
         SELECT scene_id AS pair_id, image_id, image_uri, caption, style, split, 'original' AS origin, run_id,
                scene_id, CAST(NULL AS STRING) AS generator_version, CAST(NULL AS STRING) AS factual_caption,
-               CAST(NULL AS STRING) AS retrieval_type
+               CAST(NULL AS STRING) AS retrieval_type, CAST(NULL AS DOUBLE) AS perplexity
         FROM {stylized}
         UNION ALL
         SELECT concat_ws('|', a.query_id, a.scene_id, a.retrieval_type, a.generator_version) AS pair_id,
                a.image_id, a.image_uri, a.generated_caption AS caption, a.style, 'train' AS split,
                'augmented' AS origin, a.run_id, a.scene_id, a.generator_version, a.factual_caption,
-               a.retrieval_type
+               a.retrieval_type, a.perplexity
         FROM {augmented} a
         WHERE a.passed
           AND a.image_id NOT IN (SELECT image_id FROM {stylized} WHERE coalesce(split, '') <> 'train')

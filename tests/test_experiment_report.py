@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from jobs.experiment import Cell, plan_cells
-from models.experiment_report import (caption_modes, cider_gain_percent, eps_curve, plot_fig5, plot_table2,
-                                      render_fig5, render_fig5_eps, render_modes, render_report, render_table2,
-                                      render_table5, size_curve, table2_rows)
+from models.experiment_report import (aggregate_seeds, caption_modes, cider_gain_percent, eps_curve, plot_fig5,
+                                      plot_table2, render_fig5, render_fig5_eps, render_modes, render_report,
+                                      render_table2, render_table5, seed_deltas, size_curve, t_interval, table2_rows)
 
 
 def row(style: str, captioner: str, variant: str, cider: float, cls: float, pairs: int) -> dict:
@@ -28,6 +28,37 @@ def test_cells_cover_table2_table5_fig5_and_are_trained_once() -> None:
     assert Cell("humor", "nic", "augmented@0.25", None, 0.25).fraction == 0.25
     # a single retrieval type alone would be "all types" again: no extra cell
     assert len(plan_cells(["humor"], ["nic"], ("nic", ["humor"], ["t2t"]), None)) == 2
+
+
+def test_every_cell_is_planned_once_per_seed() -> None:
+    cells = plan_cells(["humor"], ["nic"], None, ("nic", ["humor"], [0.0, 0.5, 1.0]), [23, 24, 25])
+    assert len(cells) == 3 * 3 and len({c.key for c in cells}) == 9
+    assert {c.seed for c in cells if c.name == "humor/nic/augmented@0.5"} == {23, 24, 25}
+    assert cells[0].label == "humor/nic/original#seed=23"
+
+
+def test_seeds_give_mean_sd_and_a_paired_t_interval_per_delta() -> None:
+    seeded = []
+    for seed, (c0, c1, k0, k1) in zip([23, 24, 25], [(0.20, 0.24, 0.40, 0.52), (0.22, 0.25, 0.42, 0.55),
+                                                    (0.18, 0.23, 0.38, 0.50)]):
+        seeded += [{**row("humor", "nic", "original", c0, k0, 100), "seed": seed, "run_id": f"o{seed}"},
+                   {**row("humor", "nic", "augmented", c1, k1, 150), "seed": seed, "run_id": f"a{seed}"}]
+    rows = aggregate_seeds(seeded)
+    assert [r["variant"] for r in rows] == ["original", "augmented"]
+    assert rows[1]["cider"] == pytest.approx(0.24) and rows[1]["seeds"] == [23, 24, 25]
+    assert rows[1]["per_seed"]["cls"] == [0.52, 0.55, 0.50] and rows[1]["run_ids"] == ["a23", "a24", "a25"]
+    assert rows[1]["sd"]["cls"] == pytest.approx(0.025166, abs=1e-5)
+    (delta,) = seed_deltas(seeded)
+    assert delta["per_seed"]["delta_cls"] == pytest.approx([12.0, 13.0, 12.0])
+    cls = delta["ci95"]["delta_cls"]
+    # mean 12.333, sd 0.57735, t(2) = 4.303: half width 1.434
+    assert cls["mean"] == pytest.approx(12.3333, abs=1e-3) and cls["high"] - cls["mean"] == pytest.approx(1.4343,
+                                                                                                          abs=1e-3)
+    assert cls["excludes_zero"] and cls["n"] == 3
+    assert t_interval([1.0]) is None and not t_interval([-1.0, 1.0, 0.5])["excludes_zero"]
+    rows[1]["ci95"] = delta["ci95"]
+    text = render_table2(rows)
+    assert "| 24.0 ± 1.0 |" in text and "+12.3 [+10.9, +13.8]*" in text and "Seeds per cell: 3" in text
 
 
 def test_table2_deltas_are_relative_cider_and_cls_points() -> None:

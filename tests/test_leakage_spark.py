@@ -98,10 +98,40 @@ def test_leakage_counts_find_planted_leaks(spark, planted):
     create_training_set_view(spark, cfg)
     counts = leakage_counts(spark, cfg)
     assert counts == {"leakage.retrievals_non_train_scene": 1, "leakage.augmented_non_train_phrase": 1,
-                      "leakage.training_set_non_train_images": 1, "leakage.factual_stylized_overlap": 1}
+                      "leakage.training_set_non_train_images": 1, "leakage.factual_stylized_overlap": 1,
+                      "leakage.queries_non_train_image": 0, "leakage.augmented_non_train_image": 0}
+    # a query of a test image (P here), and an augmented caption generated for one
+    _write(spark, cfg, "factual_captions", [dict(caption_id="q3", image_id="img:B", caption="a bird", source="t",
+                                                 ingest_time=NOW)])
+    _write(spark, cfg, "augmented_captions", [dict(aug, query_id="q3", image_id="img:B", scene_id="s_train_a")])
+    counts = leakage_counts(spark, cfg)
+    assert counts["leakage.queries_non_train_image"] == 1 and counts["leakage.augmented_non_train_image"] == 1
+    assert counts["leakage.factual_stylized_overlap"] == 2
     # the view itself keeps the augmented caption with the test scene's phrase out of training
     view = spark.table(table_name(cfg, "training_set")).where("origin = 'augmented'").collect()
     assert [r.scene_id for r in view] == ["s_train_a"]
+
+
+def test_train_descriptions_are_queries_and_held_out_ones_never(spark, planted):
+    """With retrieve.train_descriptions_as_queries the descriptions of train images join P as queries (ids that
+    stay the same), a test or val image's never; off, the queries are P alone."""
+    from jobs.tables import DESCRIPTION_QUERY_SOURCE, query_captions
+
+    cfg = planted.model_copy(deep=True)
+    _write(spark, cfg, "images", [
+        dict(image_id=img, source="t", ingest_time=NOW, descriptions=descriptions)
+        for img, descriptions in [("img:A", ["a man on a dock", "a man on a dock", "a dock"]),
+                                  ("img:B", ["a bird on a test image"]), ("img:C", ["a val scene"]),
+                                  ("img:E", None)]])
+    assert sorted(r.caption_id for r in query_captions(spark, cfg).collect()) == ["q1"]
+    cfg.retrieve.train_descriptions_as_queries = True
+    rows = query_captions(spark, cfg).collect()
+    described = sorted((r.image_id, r.caption, r.split, r.source) for r in rows if r.caption_id != "q1")
+    assert described == [("img:A", "a dock", "train", DESCRIPTION_QUERY_SOURCE),
+                         ("img:A", "a man on a dock", "train", DESCRIPTION_QUERY_SOURCE)]  # a repeat counts once
+    assert {r.caption_id for r in rows} == {r.caption_id for r in query_captions(spark, cfg).collect()}
+    assert all(r.caption_id.startswith("desc-") for r in rows if r.caption_id != "q1")
+    assert leakage_counts(spark, cfg)["leakage.queries_non_train_image"] == 0
 
 
 def test_leakage_counts_are_zero_without_tables(spark, fresh_cfg):
