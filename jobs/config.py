@@ -288,6 +288,10 @@ class DecodingConf(_Section):
     constraint: Literal["none", "source_words", "merge", "merge_skip"] = Field(
         "none", description="none: free decoding; source_words: only the input's own tokens; merge: the factual "
         "caption with every phrase token placed into it by the model; merge_skip: the same, phrase tokens optional")
+    fast: bool = Field(True, description="greedy / beam decoding that writes the same captions with less work: a "
+                       "merge input whose phrase is a trailing clause is written without the model (one allowed "
+                       "token per step), the rest decoded in batches of similar length; false = the plain path, "
+                       "kept for comparison (benchmarks/scale.py --parts generate)")
 
 
 class FilterConf(_Section):

@@ -281,7 +281,7 @@ def decoding_options(cfg: ErgConfig) -> dict:
     return {"strategy": d.strategy, "num_beams": d.num_beams, "top_p": d.top_p, "temperature": d.temperature,
             "max_new_tokens": d.max_new_tokens, "batch_size": d.batch_size, "seed": cfg.generate.generator.seed,
             "no_repeat_ngram_size": d.no_repeat_ngram_size, "repetition_penalty": d.repetition_penalty,
-            "constraint": d.constraint}
+            "constraint": d.constraint, "fast": d.fast}
 
 
 def filter_options(cfg: ErgConfig) -> dict:

@@ -440,12 +440,44 @@ class MergeConstraint(LogitsProcessor):
     """
 
     def __init__(self, contents: Sequence[Sequence[int]], phrases: Sequence[Sequence[int]], offset: int, beams: int,
-                 eos: int, skip_phrase: bool = False, contiguous: Sequence[bool] | None = None) -> None:
+                 eos: int, skip_phrase: bool = False, contiguous: Sequence[bool] | None = None,
+                 incremental: bool = False) -> None:
         self.contents, self.phrases = [list(c) for c in contents], [list(p) for p in phrases]
         self.offset, self.beams, self.eos, self.skip_phrase = offset, beams, eos, skip_phrase
         self.contiguous = list(contiguous) if contiguous is not None else [False] * len(self.phrases)
         if len(self.contiguous) != len(self.phrases):
             raise ValueError(f"contiguous has {len(self.contiguous)} flags for {len(self.phrases)} inputs")
+        # incremental: each beam's (content, phrase) position is kept per (input, prefix) and advanced by the one
+        # token a step adds, instead of being recomputed from the whole prefix (same allowed sets)
+        self.incremental = incremental
+        self._states: dict[tuple, tuple[int, int, bool]] = {}
+
+    def _advance(self, row: int, state: tuple[int, int, bool], t: int) -> tuple[int, int, bool]:
+        """The position after token ``t``, as :meth:`allowed`'s scan moves it."""
+        ci, pi, ended = state
+        if ended or t == self.eos:
+            return ci, pi, True
+        content, phrase = self.contents[row], self.phrases[row]
+        if ci < len(content) and t == content[ci]:
+            return ci + 1, pi, False
+        for j in range(pi, len(phrase)):
+            if phrase[j] == t:
+                return ci, j + 1, False
+        return ci, pi, False
+
+    def _allowed_at(self, row: int, state: tuple[int, int, bool], written: int) -> list[int]:
+        ci, pi, ended = state
+        if ended:
+            return [self.eos]
+        content, phrase = self.contents[row], self.phrases[row]
+        if self.contiguous[row]:
+            whole_len = len(content) + len(phrase)
+            return [(content + phrase)[written]] if written < whole_len else [self.eos]
+        nxt = [content[ci]] if ci < len(content) else []
+        if self.skip_phrase:
+            return (nxt or [self.eos]) + phrase[pi:]
+        nxt += phrase[pi : pi + 1]
+        return nxt or [self.eos]
 
     def allowed(self, row: int, generated: Sequence[int]) -> list[int]:
         content, phrase, block = self.contents[row], self.phrases[row], self.contiguous[row]
@@ -474,9 +506,35 @@ class MergeConstraint(LogitsProcessor):
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         mask = torch.ones_like(scores, dtype=torch.bool)
         generated = input_ids[:, self.offset :].tolist()
+        if not self.incremental:
+            for r, gen_ids in enumerate(generated):
+                mask[r, self.allowed(r // self.beams, gen_ids)] = False
+            return scores.masked_fill(mask, float("-inf"))
+        rows, tokens = [], []
+        states: dict[tuple, tuple[int, int, bool]] = {}
         for r, gen_ids in enumerate(generated):
-            mask[r, self.allowed(r // self.beams, gen_ids)] = False
+            row = r // self.beams
+            key = (row, *gen_ids)
+            state = states.get(key) or self._states.get(key)
+            if state is None and not gen_ids:
+                state = (0, 0, False)
+            elif state is None:
+                parent = self._states.get(key[:-1])
+                state = (self._advance(row, parent, gen_ids[-1]) if parent is not None
+                         else self._scan(row, gen_ids))
+            states[key] = state
+            allowed = self._allowed_at(row, state, len(gen_ids))
+            rows += [r] * len(allowed)
+            tokens += allowed
+        self._states = states
+        mask[torch.tensor(rows, dtype=torch.long), torch.tensor(tokens, dtype=torch.long)] = False
         return scores.masked_fill(mask, float("-inf"))
+
+    def _scan(self, row: int, generated: Sequence[int]) -> tuple[int, int, bool]:
+        state = (0, 0, False)
+        for t in generated:
+            state = self._advance(row, state, t)
+        return state
 
 
 def _bags(gen: StyleGenerator, sources: Sequence[Sequence[int]]) -> torch.Tensor:
@@ -558,6 +616,7 @@ def generate(
     repetition_penalty: float = 1.0,
     constraint: str = "none",
     contiguous: Sequence[bool] | None = None,
+    fast: bool = False,
 ) -> list[str]:
     """Generate one stylized caption per "[retrieved phrase] [SEP] [factual caption]", in input order.
 
@@ -568,6 +627,11 @@ def generate(
     ``"merge"`` / ``"merge_skip"`` write the factual caption with the phrase's tokens placed into it by the model
     (see ``MergeConstraint``; meant for word-level generators, where a token is a word); ``contiguous`` (one flag
     per input, merge only) writes those inputs' phrases as one trailing block.
+
+    ``fast`` (greedy and beam; the same captions): under a merge constraint without no-repeat n-grams an input whose
+    phrase is a trailing block has one allowed token at every step, so its caption is written without the model;
+    the other inputs are decoded in batches of similar source length (less padding), and the merge constraint
+    advances each beam's position by its last token instead of scanning the whole prefix.
     """
     n = _check_texts(style_phrases=style_phrases, factual_captions=factual_captions)
     if contiguous is not None and len(contiguous) != n:
@@ -592,12 +656,26 @@ def generate(
     texts = [gen.source_text(p, c) for p, c in zip(style_phrases, factual_captions)]
     left = gen.kind == "causal"
     beams = num_beams if strategy == "beam" else 1
-    outputs: list[str] = []
+    merge = constraint in ("merge", "merge_skip")
+    fast = fast and strategy != "sample"  # sampling draws per batch: its batches keep their order
+    outputs: list[str | None] = [None] * n
+    todo = list(range(n))
+    if fast and merge and contiguous is not None and not no_repeat_ngram_size:
+        blocks = [i for i in todo if contiguous[i]]
+        if blocks:
+            whole = [c + p for c, p in zip(_word_ids(gen, [factual_captions[i] for i in blocks]),
+                                           _word_ids(gen, [style_phrases[i] for i in blocks]))]
+            for i, ids in zip(blocks, whole):
+                outputs[i] = _decode_output(gen, ids[:max_new_tokens], texts[i])
+            todo = [i for i in todo if not contiguous[i]]
+    if fast:
+        todo.sort(key=lambda i: len(sources[i]))
     devices = [gen.device] if gen.device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
-        for start in range(0, n, batch_size):
-            chunk = sources[start : start + batch_size]
+        for start in range(0, len(todo), batch_size):
+            rows = todo[start : start + batch_size]
+            chunk = [sources[i] for i in rows]
             input_ids = _pad(chunk, gen.tokenizer.pad_token_id, left=left).to(gen.device)
             attention_mask = _mask(chunk, left=left).to(gen.device)
             processors = LogitsProcessorList()
@@ -605,21 +683,24 @@ def generate(
             if constraint == "source_words":
                 processors.append(SourceWordsConstraint(_bags(gen, chunk).to(gen.device), offset, beams,
                                                         [gen.eos_token_id]))
-            elif constraint in ("merge", "merge_skip"):
-                phrases = _word_ids(gen, style_phrases[start : start + batch_size])
-                contents = _word_ids(gen, factual_captions[start : start + batch_size])
+            elif merge:
                 processors.append(MergeConstraint(
-                    contents, phrases, offset, beams, gen.eos_token_id, skip_phrase=constraint == "merge_skip",
-                    contiguous=contiguous[start : start + batch_size] if contiguous is not None else None))
+                    _word_ids(gen, [factual_captions[i] for i in rows]), _word_ids(gen, [style_phrases[i] for i in rows]),
+                    offset, beams, gen.eos_token_id, skip_phrase=constraint == "merge_skip",
+                    contiguous=[contiguous[i] for i in rows] if contiguous is not None else None, incremental=fast))
             out = gen.model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config,
                                      logits_processor=processors)
             new_tokens = out[:, input_ids.shape[1] :] if left else out
-            if gen.word_level:
-                outputs += [_decode_words(gen, ids.tolist(), text).strip()
-                            for ids, text in zip(new_tokens, texts[start : start + batch_size])]
-            else:
-                outputs += [t.strip() for t in gen.tokenizer.batch_decode(new_tokens, skip_special_tokens=True)]
-    return outputs
+            for i, ids in zip(rows, new_tokens):
+                outputs[i] = _decode_output(gen, ids.tolist(), texts[i])
+    return [str(o) for o in outputs]
+
+
+def _decode_output(gen: StyleGenerator, ids: Sequence[int], source_text: str) -> str:
+    """A generated caption from its new token ids (word-level: :func:`_decode_words`; else the tokenizer's)."""
+    if gen.word_level:
+        return _decode_words(gen, ids, source_text).strip()
+    return gen.tokenizer.decode(ids, skip_special_tokens=True).strip()
 
 
 def _config_with(defaults: dict[str, Any], overrides: dict[str, Any], base: Any, kind: str) -> dict[str, Any]:

@@ -298,6 +298,46 @@ def test_merge_constraint_keeps_every_content_word_in_order_and_places_the_phras
         assert _is_merge(o.split(), f.split(), p.split(), skip=True), (o, p, f)
 
 
+@pytest.mark.parametrize("strategy", ["greedy", "beam"])
+def test_fast_decoding_writes_the_same_captions_as_the_plain_path(word_level, captions, strategy):
+    """fast: clause inputs written without the model, the rest batched by length, the merge constraint advanced
+    incrementally; every caption equals the plain path's, at a length cut too."""
+    gen = word_level
+    phrases = ["in love", "to find his lost owner", "happily", "ugly", "dreaming of the sea", "nice", "a a nice",
+               "so cute"] * 2
+    factual = captions[100:116]
+    contiguous = [False, True, False, False, True, False, False, False] * 2
+    for max_new_tokens in (40, 6):
+        common = dict(strategy=strategy, num_beams=3, constraint="merge", contiguous=contiguous, batch_size=3,
+                      max_new_tokens=max_new_tokens)
+        assert generate(gen, phrases, factual, fast=True, **common) == generate(gen, phrases, factual, **common)
+    skip = dict(strategy=strategy, num_beams=3, constraint="merge_skip", batch_size=5)
+    assert generate(gen, phrases, factual, fast=True, **skip) == generate(gen, phrases, factual, **skip)
+
+
+def test_incremental_merge_constraint_allows_what_the_scan_allows():
+    contents, phrases = [[5, 6, 7], [5, 6]], [[8, 6, 9], [8, 9]]
+    prefixes = [[], [5], [5, 8], [5, 6, 7], [5, 6, 7, 8], [5, 6, 7, 8, 6, 9], [5, 0], [8, 5, 9]]
+    for contiguous in ([True, False], [False, False]):
+        plain = MergeConstraint(contents, phrases, offset=0, beams=1, eos=0, contiguous=contiguous)
+        fast = MergeConstraint(contents, phrases, offset=0, beams=1, eos=0, contiguous=contiguous, incremental=True)
+        for length in range(0, 7):  # one step at a time, as generate() calls it: two inputs x every prefix
+            batch = [(row, p[:length]) for row in (0, 1) for p in prefixes if len(p) >= length]
+            for beam_rows in ([b for b in batch if b[0] == 0], [b for b in batch if b[0] == 1]):
+                if not beam_rows:
+                    continue
+                ids = torch.tensor([p for _, p in beam_rows], dtype=torch.long).reshape(len(beam_rows), length)
+                row = beam_rows[0][0]
+                single_fast = MergeConstraint([contents[row]], [phrases[row]], offset=0, beams=len(beam_rows), eos=0,
+                                              contiguous=[contiguous[row]], incremental=True)
+                scores = torch.zeros((len(beam_rows), 12))
+                got = single_fast(ids, scores)
+                for k, (_, prefix) in enumerate(beam_rows):
+                    expected = plain.allowed(row, prefix)
+                    assert sorted(torch.nonzero(got[k] == 0).flatten().tolist()) == sorted(set(expected)), prefix
+        assert fast.incremental and not plain.incremental
+
+
 def test_a_trailing_clause_continues_the_sentence():
     assert clause_after_sentence("hoping for a treat", "a dog in a room.") == ("hoping for a treat .", "a dog in a room")
     assert clause_after_sentence("to win", "a man runs !? ") == ("to win !?", "a man runs")
