@@ -519,6 +519,21 @@ class Fig5Conf(_Section):
         return sorted(set(value))
 
 
+class AblationConf(_Section):
+    """Ablations of ERG's idea that *similar* scenes carry the right style phrase, each trained at ERG's augmented
+    pair count per style (where it yields that many), through the same filters, scored on the same test:
+    ``random_scene`` = each of ERG's candidates gets the phrase of a random train scene of its target style instead
+    of the retrieved one, then the same generator; ``graft`` = the retrieved phrase appended to the factual caption
+    without the generator (:func:`models.generator.graft`)."""
+    kinds: list[Literal["random_scene", "graft"]] = Field(default_factory=lambda: ["random_scene", "graft"],
+                                                          description="[] = no ablation")
+    captioner: Literal["nic", "transformer", "updown"] = "nic"
+    styles: Optional[list[str]] = Field(None, description="styles ablated; null = every measured style")
+    candidate_margin: float = Field(
+        1.5, ge=1, description="per style, ERG candidates an ablation tries: this x ERG's pool / ERG's pass rate of "
+        "the style (the lowest hash first), so that it can pass as many pairs as ERG's pool holds")
+
+
 class ExperimentConf(_Section):
     """``erg experiment``: the paper's evaluation (Table 2, Table 5, Fig. 5) on the configured data."""
     captioners: list[Literal["nic", "transformer", "updown"]] = Field(
@@ -552,6 +567,7 @@ class ExperimentConf(_Section):
         default_factory=lambda: [23, 24, 25], min_length=1, description="every cell trains and decodes once per "
         "seed (captioner init, data order, scheduled sampling); rows hold the mean, the sd and each seed's value, "
         "and every delta a 95% t-interval over the seeds (paired by seed). Fig. 5's eps cells use the first seed")
+    ablations: AblationConf = Field(default_factory=AblationConf)
     resume: bool = Field(True, description="reuse a cell already trained on the same pairs, conf and seed (found by "
                          "its fingerprint among the finished MLflow runs, or trained and saved by a launch that "
                          "was stopped before it was recorded) instead of training it again")
@@ -664,6 +680,13 @@ class ErgConfig(_Section):
         if unknown_sets:
             raise ValueError(f"experiment.epochs names {unknown_sets}, which are not style sets: "
                              f"sets are {sorted(self.style_sets)}")
+        unknown = [s for s in (e.ablations.styles or []) if s not in self.styles]
+        if unknown:
+            raise ValueError(f"experiment.ablations.styles {unknown} are not among styles {self.styles}")
+        if e.ablations.kinds and e.ablations.captioner not in e.captioners:
+            raise ValueError(f"experiment.ablations.captioner {e.ablations.captioner!r} is not among "
+                             f"experiment.captioners {e.captioners}: ERG's cells are the ablations' reference; add it "
+                             "or set experiment.ablations.kinds: []")
         for key, section in (("table5", e.table5), ("fig5", e.fig5)):
             if section.style_set is not None and section.style_set not in self.style_sets:
                 raise ValueError(f"experiment.{key}.style_set {section.style_set!r} is not a style set: "

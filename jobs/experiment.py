@@ -52,6 +52,8 @@ import pandas as pd
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
+from jobs.ablation import (ABLATION_PREFIX, ablation_pairs, candidates_per_style, erg_pass_counts, make_ablation_rows,
+                           summary)
 from jobs.config import ErgConfig
 from jobs.model_store import get_current, model_dir, require_current
 from jobs.spark import default_parallelism, spread_tasks
@@ -634,6 +636,68 @@ def measure_eps(spark: SparkSession, cfg_eps: ErgConfig, run: dict[str, Any], f5
             "not_measured": not_measured}
 
 
+def measure_ablations(spark: SparkSession, cfg: ErgConfig, data: ExperimentData, measured: list[str],
+                      pool: dict[str, int], generator: dict[str, Any], classifiers: dict[str, Any], folder: Path,
+                      parent_id: str, lap, counts: dict[str, float], grader: dict[str, Any] | None) -> dict[str, Any]:
+    """The ablations (:mod:`jobs.ablation`): per kind, its passing pairs with scene features, the ablation's
+    captioner trained on each style's original pairs plus as many of them as ERG's pool holds, once per seed, and
+    scored as every cell. Returns ``{"rows", "samples", "hypotheses", "leakage", "pairs"}``."""
+    from jobs.scene_features import scene_features
+
+    a = cfg.experiment.ablations
+    styles = [s for s in (a.styles or measured) if s in measured]
+    empty = {"rows": [], "samples": [], "hypotheses": pd.DataFrame(), "leakage": {}, "pairs": {}}
+    if not a.kinds or not styles:
+        return empty
+    erg_counts = erg_pass_counts(spark, cfg, generator["version"], styles)
+    per_style = candidates_per_style(erg_counts, {s: pool[s] for s in styles}, a.candidate_margin)
+    originals = data.pairs_ok.where((F.col("origin") == "original") & F.col("style").isin(styles))
+    out = dict(empty, hypotheses=[])
+    for kind in a.kinds:
+        rows, made = make_ablation_rows(spark, cfg, kind, generator, classifiers, per_style)
+        counts.update(made)
+        lap(f"ablation_{kind}.generate")
+        built = scene_features(spark, cfg, ablation_pairs(rows, kind))
+        ranked = rank_augmented(built.frame).where(F.col("features").isNotNull())
+        pairs = originals.unionByName(ranked).cache()
+        available = {(s, "original"): data.available.get((s, "original"), 0) for s in styles}
+        for r in ranked.groupBy("style").count().collect():
+            available[(r["style"], "augmented")] = r["count"]
+        kind_pool = {s: min(pool[s], available.get((s, "augmented"), 0)) for s in styles}
+        sub = ExperimentData(data.train_features, pairs, data.tests, counts, available, data.test_counts)
+        out["leakage"].update({f"ablation_{kind}.{k}": v for k, v in measure_leakage(spark, cfg, sub, kind_pool).items()
+                               if not k.startswith(("retrievals_", "augmented_", "training_set_", "factual_",
+                                                    "queries_"))})
+        cells = [Cell(s, a.captioner, f"{ABLATION_PREFIX}{kind}", None, 1.0, None, seed)
+                 for s in styles if kind_pool[s] for seed in cfg.experiment.seeds]
+        trained = train_cells(spark, cfg, cells, sub, kind_pool, folder / f"ablation_{kind}", parent_id,
+                              lambda stage, kind=kind: lap(f"ablation_{kind}.{stage}"), counts)
+        got_rows, got_samples, got_hyp = score_cells(spark, cfg, trained, sub, [s for s in styles if kind_pool[s]],
+                                                     classifiers["path"], generator["lm_path"], grader)
+        pairs.unpersist()
+        out["rows"] += got_rows
+        out["samples"] += got_samples
+        out["hypotheses"].append(got_hyp)
+        out["pairs"][kind] = {s: {**v, "trained": kind_pool[s]} for s, v in summary(kind, counts, pool).items()
+                              if s in styles}
+        lap(f"ablation_{kind}.decode_and_score")
+    out["hypotheses"] = pd.concat(out["hypotheses"], ignore_index=True) if out["hypotheses"] else pd.DataFrame()
+    return out
+
+
+def ablation_deltas(seed_rows: list[dict[str, Any]], captioner: str, kinds: list[str]) -> list[dict[str, Any]]:
+    """ERG minus each ablation (the augmented cell against the ablation's, same style, captioner and seed), with
+    the 95% t-interval over the seeds of every delta."""
+    from models.experiment_report import seed_deltas
+
+    out = []
+    for kind in kinds:
+        variant = f"{ABLATION_PREFIX}{kind}"
+        chosen = [r for r in seed_rows if r["captioner"] == captioner and r["variant"] in ("augmented", variant)]
+        out += [{**d, "ablation": kind} for d in seed_deltas(chosen, baseline=variant) if d["variant"] == "augmented"]
+    return out
+
+
 def describe_setup(cfg: ErgConfig, generator: dict[str, Any], classifiers: dict[str, Any],
                    grader: dict[str, Any] | None, versioned: bool) -> dict[str, str]:
     """The report's sentences on where the pairs, test references, training recipe, cls. and ppl. come from."""
@@ -693,8 +757,8 @@ def run_experiment(spark: SparkSession, cfg: ErgConfig, *, command: str | None =
     from jobs.eps_sweep import run_erg_at, sweep_values
     from jobs.extract import EVALUATION_CLASSIFIERS
     from jobs.train import check_hparams
-    from models.experiment_report import (aggregate_seeds, caption_modes, eps_curve, render_fig5, render_fig5_eps,
-                                          render_table5, seed_deltas, size_curve)
+    from models.experiment_report import (aggregate_seeds, caption_modes, eps_curve, render_ablations, render_fig5,
+                                          render_fig5_eps, render_table5, seed_deltas, size_curve)
 
     e = cfg.experiment
     command = command or _command()
@@ -750,6 +814,12 @@ def run_experiment(spark: SparkSession, cfg: ErgConfig, *, command: str | None =
         trained = train_cells(spark, cfg, cells, data, pool, folder, parent_id, lap, cell_counts)
         rows, samples, hypotheses = score_cells(spark, cfg, trained, data, measured, classifiers["path"],
                                                 generator["lm_path"], grader)
+        ablations = measure_ablations(spark, cfg, data, measured, pool, generator, classifiers, folder, parent_id,
+                                      lap, cell_counts, grader)
+        rows += ablations["rows"]
+        samples += ablations["samples"]
+        hypotheses = pd.concat([hypotheses, ablations["hypotheses"]], ignore_index=True)
+        leakage.update(ablations["leakage"])
         data.unpersist()
         lap("decode_and_score")
         eps_measured = []
@@ -785,6 +855,11 @@ def run_experiment(spark: SparkSession, cfg: ErgConfig, *, command: str | None =
             "seconds": time.time() - started, "stage_seconds": stages,
             "erg_run": erg_result.get("parent_run_id") if erg_result else None,
         }
+        if ablations["pairs"]:
+            a = e.ablations
+            deltas = ablation_deltas(seed_rows, a.captioner, list(a.kinds))
+            result["ablations"] = {"kinds": list(a.kinds), "captioner": a.captioner, "pairs": ablations["pairs"],
+                                   "deltas": deltas, "markdown": render_ablations(ablations["pairs"], deltas)}
         if t5 is not None:
             result["table5"] = {"captioner": t5[0], "styles": t5[1], "types": t5[2],
                                 "markdown": render_table5(rows, t5[0], t5[1])}

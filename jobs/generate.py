@@ -37,7 +37,8 @@ PHRASE_COLUMNS = ["phrase_tokens", "phrase_mask"]  # the retrieved scene's capti
 VISUAL_CONTEXT_COLUMNS = ["tags", "tags_confidence"]  # the factual image's labels and confidence (images)
 
 
-def _ddl(columns: list[str]) -> T.StructType:
+def ddl_of(columns: list[str]) -> T.StructType:
+    """The Spark schema of these columns of an augmented row (candidate, phrase and visual-context columns too)."""
     fields = {f.name: f.dataType for f in TABLES["augmented_captions"].schema.fields}
     fields.update({"phrase_tokens": T.ArrayType(T.StringType()), "phrase_mask": T.ArrayType(T.BooleanType())})
     fields.update({"tags": T.StringType(), "tags_confidence": T.DoubleType()})
@@ -306,13 +307,20 @@ def apply_generator(spark: SparkSession, cfg: ErgConfig, cand: DataFrame, n_cand
     generated = cand.repartition(partitions, "query_id").mapInPandas(
         make_generator(current["path"], current["kind"], decoding_options(cfg), gc.device, current["max_source_len"],
                        current["max_target_len"], current.get("propensity_path")),
-        _ddl(CANDIDATE_COLUMNS + VISUAL_CONTEXT_COLUMNS + ["transfer_phrase", "generated_caption"]))
+        ddl_of(CANDIDATE_COLUMNS + VISUAL_CONTEXT_COLUMNS + ["transfer_phrase", "generated_caption"]))
+    return score_generated(cfg, generated, current, classifiers)
+
+
+def score_generated(cfg: ErgConfig, generated: DataFrame, current: dict, classifiers: dict) -> DataFrame:
+    """Generated rows (candidate columns, ``transfer_phrase``, ``generated_caption``) -> the same with every filter's
+    score and verdict (an iterator pandas UDF): generate's filters, also applied to the experiment's ablations."""
+    gc = cfg.generate
     vr = cfg.visual_relatedness
     return generated.mapInPandas(
         make_candidate_scorer(classifiers["path"], current["lm_path"], current.get("vocabulary_path"),
                               content_encoder_name(cfg), filter_options(cfg), cfg.extract.batch_size, gc.device,
                               visual_options(vr.encoder, vr.label_mode, vr.top_labels, cfg.extract.batch_size)),
-        _ddl(CANDIDATE_COLUMNS + VISUAL_CONTEXT_COLUMNS + ["transfer_phrase", "generated_caption"] + SCORED_COLUMNS))
+        ddl_of(CANDIDATE_COLUMNS + VISUAL_CONTEXT_COLUMNS + ["transfer_phrase", "generated_caption"] + SCORED_COLUMNS))
 
 
 # ---------------------------------------------------------------------------------------------------- report

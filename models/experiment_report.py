@@ -114,6 +114,55 @@ def seed_deltas(seed_rows: Sequence[Mapping[str, Any]], baseline: str = "origina
     return out
 
 
+ABLATION_WORDS = {"random_scene": "a random train scene's phrase (same generator)",
+                  "graft": "the retrieved phrase grafted without the generator"}
+
+
+def _interval(interval: Mapping[str, Any] | None, values: Sequence[float]) -> str:
+    if interval:
+        return (f"{interval['mean']:+.1f} [{interval['low']:+.1f}, {interval['high']:+.1f}]"
+                + ("*" if interval["excludes_zero"] else ""))
+    finite = [v for v in values if v is not None and not math.isnan(v)]
+    return f"{sum(finite) / len(finite):+.1f}" if finite else "-"
+
+
+def ablation_sentence(delta: Mapping[str, Any]) -> str:
+    """One plain sentence on what an ablation shows for one style (by Δcls. and ΔC %, and their intervals)."""
+    cls = delta["ci95"].get("delta_cls")
+    cider = delta["ci95"].get("delta_cider_percent")
+    what = ABLATION_WORDS.get(delta["ablation"], delta["ablation"])
+
+    def verdict(interval, name):
+        if not interval:
+            return f"{name} {_interval(None, delta['per_seed'][_key(name)])} (one seed: no interval)"
+        if interval["low"] > 0:
+            return f"ERG is higher on {name} ({_interval(interval, [])})"
+        if interval["high"] < 0:
+            return f"ERG is lower on {name} ({_interval(interval, [])})"
+        return f"no difference on {name} can be told from seed noise ({_interval(interval, [])})"
+
+    return (f"{delta['style']}, {delta['captioner']}: against {what}, " + verdict(cls, "cls.") + "; "
+            + verdict(cider, "C %") + ".")
+
+
+def _key(name: str) -> str:
+    return {"cls.": "delta_cls", "C %": "delta_cider_percent"}[name]
+
+
+def render_ablations(pairs: Mapping[str, Mapping[str, Any]], deltas: Sequence[Mapping[str, Any]]) -> str:
+    """ERG minus each ablation per style (ΔC % relative, Δcls. and Δcls. (indep.) in points, paired by seed, 95%
+    t-interval over the seeds), the pair counts behind them, and one sentence per ablation and style."""
+    lines = ["| ablation | style | captioner | ERG pairs | ablation pairs (passed / tried) | ΔC % | Δcls. | "
+             "Δcls. (indep.) | seeds |", "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for d in deltas:
+        n = pairs.get(d["ablation"], {}).get(d["style"], {})
+        lines.append(f"| {d['ablation']} | {d['style']} | {d['captioner']} | {n.get('erg_pool', '-')} | "
+                     f"{n.get('trained', '-')} ({n.get('passed', '-')} / {n.get('candidates', '-')}) | "
+                     + " | ".join(_interval(d["ci95"].get(k), d["per_seed"][k]) for k in DELTAS)
+                     + f" | {len(d['seeds'])} |")
+    return "\n".join(lines + [""] + [f"- {ablation_sentence(d)}" for d in deltas]) + "\n"
+
+
 def table2_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """The Table 2 cells (``variant`` original / augmented) with, on each augmented row, ``delta_cider_percent`` and
     ``delta_cls`` (points) against the original row of the same style and captioner."""
@@ -393,6 +442,13 @@ def render_report(result: Mapping[str, Any]) -> str:
     parts += [""]
     parts += ["## Table 2", "", "Metrics x 100 except ppl.; ΔC % is relative, Δcls. in points.", "",
               render_table2(rows), render_summary(table2_summary(rows))]
+    ablations = result.get("ablations") or {}
+    if ablations.get("markdown"):
+        parts += ["## Ablations: ERG minus each ablation", "",
+                  "Each ablation's pairs come from ERG's candidates and pass the same filters; its captioner trains on "
+                  "the original pairs plus as many of them as ERG's pool holds. Deltas are ERG minus the ablation, "
+                  "paired by seed, with the 95% t-interval over the seeds (* where it excludes 0).", "",
+                  ablations["markdown"]]
     t5 = result.get("table5") or {}
     if t5.get("markdown"):
         parts += [f"## Table 5 ({t5['captioner']}, {', '.join(t5['styles'])})", "", t5["markdown"]]

@@ -583,6 +583,16 @@ def clause_after_sentence(clause: str, factual_caption: str) -> tuple[str, str]:
     return f"{clause.rstrip()} {body[end:]}", body[:end].rstrip()
 
 
+def graft(style_phrases: Sequence[str], factual_captions: Sequence[str]) -> list[str]:
+    """The graft baseline, no model: each phrase appended to its factual caption, before the caption's closing
+    punctuation (:func:`clause_after_sentence`), articles agreeing as decoding makes them."""
+    out = []
+    for phrase, caption in zip(style_phrases, factual_captions):
+        phrase, caption = clause_after_sentence(phrase.strip(), caption.strip())
+        out.append(" ".join(agree_articles(f"{caption} {phrase}".split())))
+    return out
+
+
 _AN_EXCEPTIONS = ("uni", "use", "usu", "one", "eu")  # vowel letter, consonant sound: "a university", "a one-way"
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 import os
 import re
 from pathlib import Path
@@ -302,3 +303,49 @@ def test_a_stopped_experiment_resumes_without_training_finished_cells_again(spar
 
     assert len(table(fresh)) == 4
     assert table(resumed) == table(again) == table(fresh)
+
+
+def _plant_style_phrases(spark, cfg, stylized) -> None:
+    """Each train caption's last two words as its style phrase (what ``erg extract`` leaves)."""
+    now = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+    rows = []
+    for r in stylized[stylized["split"] == "train"].itertuples():
+        words = r.caption.split()
+        mask = [i >= len(words) - 2 for i in range(len(words))]
+        rows.append({"scene_id": r.scene_id, "style": r.style, "caption": r.caption, "tokens": words,
+                     "importance": [1.0 if m else 0.0 for m in mask], "style_phrase": " ".join(words[-2:]),
+                     "phrase_words": words[-2:], "phrase_mask": mask, "content": " ".join(words[:-2]), "layer": 0,
+                     "head": 0, "eps": 0.25, "classifier_version": "fixture", "run_id": "fixture", "created_at": now})
+    append_rows(spark, cfg, "style_phrases", pd.DataFrame(rows))
+
+
+def test_graft_ablation_passes_the_filters_and_is_reported_against_erg(spark, setup, experiment) -> None:
+    """The graft ablation: ERG's candidates with the retrieved phrase appended, scored by generate's filters, its
+    passing pairs trained at (at most) ERG's pair count, and ERG minus it reported per style with its seeds."""
+    from jobs.experiment import run_experiment
+
+    cfg = setup["cfg"].model_copy(deep=True)
+    _plant_style_phrases(spark, cfg, setup["stylized"])
+    cfg.experiment.table5.enabled = cfg.experiment.fig5.enabled = False
+    cfg.experiment.ablations.kinds = ["graft"]
+    cfg.generate.filters.ppl_max = 1e9  # the fixture's tiny LMs
+    cfg.generate.filters.min_content_similarity = -1.0
+    result = run_experiment(spark, cfg, command="erg experiment --set experiment.ablations.kinds=[graft]")
+    pairs = result["ablations"]["pairs"]["graft"]
+    assert set(pairs) == set(STYLES)
+    for style, n in pairs.items():
+        # all of ERG's candidates pass here (planted), so an ablation tries 1.5 x ERG's pool of them
+        assert n["candidates"] == min(setup["augmented"]["current"][style], math.ceil(1.5 * n["erg_pool"]))
+        assert n["trained"] == min(n["erg_pool"], n["passed"])  # never more than ERG's pool
+    rows = {(r["style"], r["variant"]): r for r in result["rows"]}
+    trained = [s for s, n in pairs.items() if n["trained"]]
+    assert trained, pairs
+    for style in trained:
+        assert rows[(style, "ablation:graft")]["train_pairs_augmented"] == pairs[style]["trained"]
+    assert {d["style"] for d in result["ablations"]["deltas"]} == set(trained)
+    for d in result["ablations"]["deltas"]:
+        assert d["variant"] == "augmented" and d["ablation"] == "graft" and d["seeds"] == [23]
+        expected = (rows[(d["style"], "augmented")]["cls"] - rows[(d["style"], "ablation:graft")]["cls"]) * 100
+        assert d["per_seed"]["delta_cls"] == [pytest.approx(expected)]
+    assert "## Ablations" in Path(result["report_dir"], "report.md").read_text()
+    assert all(v == 0 for k, v in result["leakage"].items() if k.startswith("ablation_graft."))

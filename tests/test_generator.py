@@ -338,6 +338,14 @@ def test_incremental_merge_constraint_allows_what_the_scan_allows():
         assert fast.incremental and not plain.incremental
 
 
+def test_graft_appends_the_phrase_before_the_closing_period():
+    from models.generator import graft
+
+    assert graft(["happily", "excellent"], ["a dog runs on the grass .", "a hydrant"]) == [
+        "a dog runs on the grass happily .", "a hydrant excellent"]
+    assert graft(["in love"], ["a couple on a bench"]) == ["a couple on a bench in love"]
+
+
 def test_a_trailing_clause_continues_the_sentence():
     assert clause_after_sentence("hoping for a treat", "a dog in a room.") == ("hoping for a treat .", "a dog in a room")
     assert clause_after_sentence("to win", "a man runs !? ") == ("to win !?", "a man runs")

@@ -73,6 +73,27 @@ def make_generator(model_path: str, kind: str, decoding: dict, device: str, max_
     return generate_batches
 
 
+def make_grafter(propensity_path: str | None) -> Callable[[Iterator[pd.DataFrame]], Iterator[pd.DataFrame]]:
+    """mapInPandas like :func:`make_generator`, without a model: ``generated_caption`` is the transfer phrase
+    appended to the factual caption (:func:`models.generator.graft`; "" where the phrase is empty), the graft
+    ablation of ``erg experiment``."""
+
+    def graft_batches(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        from models.generator import graft
+
+        for frame in frames:
+            if frame.empty:
+                continue
+            out = frame.drop(columns=[c for c in ("phrase_tokens", "phrase_mask") if c in frame.columns])
+            phrases, _ = transfer_phrases(frame, propensity_path)
+            out["transfer_phrase"] = phrases
+            grafted = graft(phrases, out["factual_caption"].tolist())
+            out["generated_caption"] = [g if p else "" for g, p in zip(grafted, phrases)]
+            yield out
+
+    return graft_batches
+
+
 def load_vocabulary(path: str | None) -> frozenset[str]:
     """The known words (one per line) that the well-formedness check accepts; empty when ``path`` is None."""
     if not path:
