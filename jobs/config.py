@@ -294,6 +294,23 @@ class DecodingConf(_Section):
                        "kept for comparison (benchmarks/scale.py --parts generate)")
 
 
+class FluencyConf(_Section):
+    """The fluency filter (beyond the paper, :mod:`models.fluency`): a fluent-vs-broken discriminator fine-tuned
+    with generate's fit on the train split's stylized captions and the factual queries (fluent) against
+    corruptions of them (broken); its threshold keeps ``real_pass`` of the val split's stylized captions."""
+    enabled: bool = True
+    name_or_path: str = "all-MiniLM-L6-v2"
+    max_length: int = Field(40, ge=8)
+    epochs: int = Field(1, ge=1)
+    batch_size: int = Field(32, ge=1)
+    lr: float = Field(5e-5, gt=0)
+    max_examples: int = Field(40_000, ge=20, description="real captions + corruptions trained on (half each): the "
+                              "train split's stylized captions and a hash-chosen sample of the queries")
+    real_pass: float = Field(0.95, gt=0, le=1, description="share of the val split's real stylized captions the "
+                             "threshold lets pass")
+    seed: int = 41
+
+
 class FilterConf(_Section):
     ppl_max: float = Field(80.0, gt=0, description="keep a generated caption if its trigram perplexity < this")
     min_similarity: float = Field(0.6, ge=-1, le=1, description="keep if retrieval similarity > this")
@@ -308,6 +325,7 @@ class FilterConf(_Section):
         "factual caption's; null = off (both scores are still kept). 0.15: 96% of one human reference's drop to "
         "another of the same image pass, 74% of a caption of another image fail "
         "(benchmarks/results/visual_relatedness.json)")
+    fluency: FluencyConf = Field(default_factory=FluencyConf)
 
 
 class VisualRelatednessConf(_Section):

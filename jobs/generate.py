@@ -211,6 +211,45 @@ def fit_style_lms(spark: SparkSession, cfg: ErgConfig, train: pd.DataFrame, held
     return lms.save(out_dir / "trigram_lms.json"), metrics
 
 
+def query_caption_sample(spark: SparkSession, cfg: ErgConfig, limit: int) -> list[str]:
+    """At most ``limit`` captions of the queries (P, and the train descriptions where they are queries), the lowest
+    hash of the caption id: bounded, the same every run."""
+    queries = query_captions(spark, cfg).select("caption_id", "caption")
+    return [r.caption for r in queries.orderBy(F.xxhash64("caption_id"), "caption_id").limit(limit).collect()]
+
+
+def fit_fluency(spark: SparkSession, cfg: ErgConfig, train: pd.DataFrame, pairs: pd.DataFrame, held: pd.DataFrame,
+                out_dir) -> tuple[dict, dict]:
+    """The fluency discriminator (:mod:`models.fluency`) on the train split's stylized captions and a sample of the
+    queries (fluent) against corruptions of them (the grafted phrases: the train transfer phrases); its threshold
+    keeps ``real_pass`` of the val split's stylized captions. Returns ({"fluency_path", "fluency_threshold"},
+    metrics: the threshold, the val captions passing, the val corruptions passing (what it lets through))."""
+    from models.fluency import BROKEN, choose_threshold, fluency_examples, fluency_probability, train_fluency_classifier
+
+    f = cfg.generate.filters.fluency
+    stylized = train["caption"].tolist()
+    limit = max(f.max_examples // 2 - len(stylized), f.max_examples // 4)
+    real = stylized + query_caption_sample(spark, cfg, limit)
+    clf, stats = train_fluency_classifier(real, pairs["style_phrase"].tolist(), name_or_path=f.name_or_path,
+                                          max_length=f.max_length, epochs=f.epochs, batch_size=f.batch_size, lr=f.lr,
+                                          seed=f.seed, device=cfg.generate.device, max_examples=f.max_examples)
+    val = held.loc[held["split"] == "val", "caption"].tolist()
+    if not val:
+        raise RuntimeError("no val-split stylized captions to set the fluency threshold on: set "
+                           "generate.filters.fluency.enabled=false or ingest a val split")
+    p_val = fluency_probability(clf, val, cfg.extract.batch_size)
+    threshold = choose_threshold(p_val, f.real_pass)
+    texts, labels, _ = fluency_examples(val, pairs["style_phrase"].tolist(), seed=f.seed + 1)
+    broken = [t for t, label in zip(texts, labels) if label == BROKEN]
+    p_broken = fluency_probability(clf, broken, cfg.extract.batch_size)
+    path = str(clf.save(out_dir / "fluency"))
+    metrics = {"fluency.threshold": threshold, "fluency.val_real_pass": float((p_val >= threshold).mean()),
+               "fluency.val_corrupted_pass": float((p_broken >= threshold).mean()) if len(broken) else float("nan"),
+               "fluency.examples": stats["examples"], "fluency.loss": stats["loss"],
+               **{f"fluency.corruptions/{k}": v for k, v in stats["corruptions"].items()}}
+    return {"fluency_path": path, "fluency_threshold": threshold}, metrics
+
+
 def write_vocabulary(train: pd.DataFrame, factual_words: list[str], out_dir) -> str:
     """The words the well-formedness check knows: the train captions' and the factual corpus's."""
     words = sorted({w for c in train["caption"] for w in c.split()} | set(factual_words))
@@ -231,6 +270,10 @@ def train_generator(spark: SparkSession, cfg: ErgConfig, run_id: str) -> dict:
     metrics.update(transfer_metrics)
     gen, gen_metrics = fit_generator(cfg, pairs, held_pairs, factual_words, out_dir)
     metrics.update(gen_metrics)
+    fluency: dict = {}
+    if cfg.generate.filters.fluency.enabled:
+        fluency, fluency_metrics = fit_fluency(spark, cfg, train, pairs, held, out_dir)
+        metrics.update(fluency_metrics)
     model_path = gen.save(out_dir / "model")
     vocabulary_path = write_vocabulary(train, factual_words, out_dir)
     registered = None  # the logged generator is registered as erg_generator: that version is aliased
@@ -240,7 +283,7 @@ def train_generator(spark: SparkSession, cfg: ErgConfig, run_id: str) -> dict:
     current = {"path": model_path, "kind": g.kind, "version": run_id, "lm_path": lm_path,
                "vocabulary_path": vocabulary_path, "propensity_path": propensity_path,
                "max_source_len": g.max_source_len,
-               "max_target_len": g.max_target_len}
+               "max_target_len": g.max_target_len, **fluency}
     set_current(cfg, "generator", current, registered_version=registered)
     return {"current": current, "metrics": metrics}
 
@@ -316,10 +359,14 @@ def score_generated(cfg: ErgConfig, generated: DataFrame, current: dict, classif
     score and verdict (an iterator pandas UDF): generate's filters, also applied to the experiment's ablations."""
     gc = cfg.generate
     vr = cfg.visual_relatedness
+    fluency_path = current.get("fluency_path") if gc.filters.fluency.enabled else None
+    filters = {**filter_options(cfg), "min_fluency": current.get("fluency_threshold") if fluency_path else None,
+               "fluency_max_length": gc.filters.fluency.max_length}
     return generated.mapInPandas(
         make_candidate_scorer(classifiers["path"], current["lm_path"], current.get("vocabulary_path"),
-                              content_encoder_name(cfg), filter_options(cfg), cfg.extract.batch_size, gc.device,
-                              visual_options(vr.encoder, vr.label_mode, vr.top_labels, cfg.extract.batch_size)),
+                              content_encoder_name(cfg), filters, cfg.extract.batch_size, gc.device,
+                              visual_options(vr.encoder, vr.label_mode, vr.top_labels, cfg.extract.batch_size),
+                              fluency_path),
         ddl_of(CANDIDATE_COLUMNS + VISUAL_CONTEXT_COLUMNS + ["transfer_phrase", "generated_caption"] + SCORED_COLUMNS))
 
 
@@ -380,6 +427,8 @@ def generate_augmented(spark: SparkSession, cfg: ErgConfig, *, incremental: bool
         classifiers = require_current(cfg, EVALUATION_CLASSIFIERS, "extract")
         mlflow.set_tags({"erg.generator_version": current["version"],
                          "erg.evaluation_classifiers_version": classifiers["version"]})
+        # a generator trained before the fluency filter existed has no discriminator: the filter is off, counted
+        counts["fluency.filter_off"] = int(cfg.generate.filters.fluency.enabled and not current.get("fluency_path"))
         cand = candidates(spark, cfg, current["version"]).cache()
         n_cand = cand.count()
         counts["candidates"] = n_cand

@@ -81,7 +81,7 @@ TABLES: dict[str, TableSpec] = {spec.name: spec for spec in [
         ("passed_content", _B, True), ("passed_well_formed", _B, True), ("passed", _B, False),
         ("reject_reason", _S, True), ("generator_version", _S, False), ("run_id", _S, False), ("created_at", _TS, False),
         ("transfer_phrase", _S, True), ("factual_relatedness", _D, True), ("generated_relatedness", _D, True),
-        ("passed_visual", _B, True)),
+        ("passed_visual", _B, True), ("fluency", _D, True), ("passed_fluent", _B, True)),
         "D_a: one generated caption with every filter verdict (failed candidates are kept with their reason)"),
 ]}
 

@@ -18,6 +18,8 @@ And, where the factual image has textual visual context (object labels with the 
   caption's by more than ``max_relatedness_drop``: ``generated_relatedness >= factual_relatedness - margin``. A row
   whose ``factual_relatedness`` is NaN (no visual context) passes: there is nothing to drift from; a row with a
   factual score and a NaN generated score fails.
+And ``fluent``: the fluency discriminator (:mod:`models.fluency`) gives ``fluency`` (p(fluent)) ``>= min_fluency``:
+it catches the broken English the others pass ("... riding on the back end of his surfboard expert").
 Each applies when its threshold / switch is given. A missing value (NaN / None) fails its filter. Thresholds are
 always passed in; the paper's values are ``PAPER_PPL_MAX`` and ``PAPER_MIN_SIMILARITY``.
 """
@@ -32,7 +34,7 @@ import pandas as pd
 PAPER_PPL_MAX = 80.0
 PAPER_MIN_SIMILARITY = 0.6
 INPUT_COLUMNS = ("target_style", "predicted_style", "perplexity", "similarity")
-FILTERS = ("style", "perplexity", "similarity", "content", "well_formed", "visual")
+FILTERS = ("style", "perplexity", "similarity", "content", "well_formed", "visual", "fluent")
 VERDICT_COLUMNS = tuple(f"passed_{f}" for f in FILTERS) + ("passed",)
 
 
@@ -51,14 +53,15 @@ def _numeric(df: pd.DataFrame, column: str) -> pd.Series:
 
 def apply_filters(df: pd.DataFrame, ppl_max: float, min_similarity: float,
                   min_content_similarity: float | None = None, well_formed: bool = False,
-                  max_relatedness_drop: float | None = None) -> pd.DataFrame:
+                  max_relatedness_drop: float | None = None, min_fluency: float | None = None) -> pd.DataFrame:
     """A copy of ``df`` with ``passed_<filter>`` for every filter, ``passed`` (bool) and ``reject_reason`` (None if
     passed, else the failed filters joined by ',', e.g. "style,perplexity"; a malformed caption's reason says why,
     e.g. "well_formed:nonword:keyain").
 
     ``min_content_similarity`` (needs column ``content_similarity``) and ``well_formed`` (needs column
     ``well_formed_reason``) switch the two filters beyond the paper on, ``max_relatedness_drop`` (needs columns
-    ``factual_relatedness`` and ``generated_relatedness``) the visual one; a filter that is off passes every row."""
+    ``factual_relatedness`` and ``generated_relatedness``) the visual one, ``min_fluency`` (needs column
+    ``fluency``) the fluency one; a filter that is off passes every row."""
     _require_columns(df, INPUT_COLUMNS)
     thresholds = [("ppl_max", ppl_max), ("min_similarity", min_similarity)]
     if min_content_similarity is not None:
@@ -66,6 +69,9 @@ def apply_filters(df: pd.DataFrame, ppl_max: float, min_similarity: float,
         _require_columns(df, ["content_similarity"], hint="; the content filter needs it")
     if well_formed:
         _require_columns(df, ["well_formed_reason"], hint="; the well-formedness filter needs it")
+    if min_fluency is not None:
+        thresholds.append(("min_fluency", min_fluency))
+        _require_columns(df, ["fluency"], hint="; the fluency filter needs it")
     if max_relatedness_drop is not None:
         thresholds.append(("max_relatedness_drop", max_relatedness_drop))
         _require_columns(df, ["factual_relatedness", "generated_relatedness"], hint="; the visual filter needs them")
@@ -82,6 +88,8 @@ def apply_filters(df: pd.DataFrame, ppl_max: float, min_similarity: float,
                     if min_content_similarity is not None else pd.Series(True, index=out.index)),
         "well_formed": (out["well_formed_reason"].isna() if well_formed else pd.Series(True, index=out.index)),
         "visual": (_visual_verdict(out, max_relatedness_drop) if max_relatedness_drop is not None
+                   else pd.Series(True, index=out.index)),
+        "fluent": (_numeric(out, "fluency") >= min_fluency if min_fluency is not None
                    else pd.Series(True, index=out.index)),
     }
     for name, passed in verdicts.items():

@@ -131,3 +131,14 @@ def test_visual_filter_margin_and_rows_without_visual_context():
                       max_relatedness_drop=0.1)
     with pytest.raises(ValueError, match="max_relatedness_drop must be a finite number"):
         apply_filters(df, ppl_max=80, min_similarity=0.6, max_relatedness_drop=float("nan"))
+
+
+def test_fluency_filter_keeps_captions_at_or_above_the_threshold():
+    frame = pd.DataFrame({"target_style": ["humor"] * 4, "predicted_style": ["humor"] * 4,
+                          "perplexity": [10.0] * 4, "similarity": [0.9] * 4, "fluency": [0.9, 0.5, 0.49, np.nan]})
+    out = apply_filters(frame, ppl_max=80, min_similarity=0.6, min_fluency=0.5)
+    assert out["passed_fluent"].tolist() == [True, True, False, False]  # a missing score fails
+    assert out["reject_reason"].tolist() == [None, None, "fluent", "fluent"]
+    assert apply_filters(frame, ppl_max=80, min_similarity=0.6)["passed"].all()  # off: every row passes
+    with pytest.raises(ValueError, match="fluency filter needs it"):
+        apply_filters(frame.drop(columns=["fluency"]), ppl_max=80, min_similarity=0.6, min_fluency=0.5)

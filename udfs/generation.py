@@ -19,7 +19,8 @@ from udfs.runtime import cached_caption_scoring, cached_model, limit_threads, re
 
 SCORED_COLUMNS = ["predicted_style", "style_probability", "perplexity", "content_similarity", "passed_style",
                   "passed_perplexity", "passed_similarity", "passed_content", "passed_well_formed", "passed",
-                  "reject_reason", "factual_relatedness", "generated_relatedness", "passed_visual"]
+                  "reject_reason", "factual_relatedness", "generated_relatedness", "passed_visual", "fluency",
+                  "passed_fluent"]
 
 
 def transfer_phrases(frame: pd.DataFrame, propensity_path: str | None) -> tuple[list[str], list[bool]]:
@@ -114,7 +115,7 @@ def content_similarity(encoder, generated: list[str], factual: list[str], batch_
 
 
 def score_candidates(frame: pd.DataFrame, classifiers, lms, encoder, vocabulary: frozenset[str], filters: dict,
-                     batch_size: int, relatedness_scorer=None) -> pd.DataFrame:
+                     batch_size: int, relatedness_scorer=None, fluency_model=None) -> pd.DataFrame:
     """Scores and every filter verdict for generated captions (pure pandas + models).
 
     ``filters``: ``ppl_max``, ``min_similarity``, ``min_content_similarity`` and ``well_formed`` (bool), as in
@@ -123,7 +124,8 @@ def score_candidates(frame: pd.DataFrame, classifiers, lms, encoder, vocabulary:
     hold its factual caption's image. A candidate whose transfer phrase is empty fails with reason
     ``no_style_words``. With a ``relatedness_scorer`` (:mod:`udfs.visual_relatedness`), the factual and the generated
     caption's visual relatedness to the image's ``tags`` (NaN without them) are kept, and ``filters``'s
-    ``max_relatedness_drop`` (None: off) judges them."""
+    ``max_relatedness_drop`` (None: off) judges them. With a ``fluency_model`` (:mod:`models.fluency`) each caption's
+    p(fluent) is ``fluency`` and ``filters``'s ``min_fluency`` judges it (NaN and the filter off without one)."""
     from models.augment_filters import apply_filters
     from models.caption_quality import well_formedness
     from models.caption_scoring import score_captions
@@ -146,6 +148,14 @@ def score_candidates(frame: pd.DataFrame, classifiers, lms, encoder, vocabulary:
 
         out["factual_relatedness"] = relatedness(relatedness_scorer, frame, frame["factual_caption"].tolist())
         out["generated_relatedness"] = relatedness(relatedness_scorer, frame, texts)
+    out["fluency"] = np.nan
+    if fluency_model is not None:
+        from models.fluency import fluency_probability
+
+        rows = [i for i, t in enumerate(texts) if t.strip()]
+        values = np.full(len(texts), np.nan)
+        values[rows] = fluency_probability(fluency_model, [texts[i] for i in rows], batch_size)
+        out["fluency"] = values
     out["well_formed_reason"] = [
         well_formedness(text, vocabulary, caption_words(fact) + caption_words(phrase))
         for text, fact, phrase in zip(texts, frame["factual_caption"], frame["style_phrase"])]
@@ -153,7 +163,8 @@ def score_candidates(frame: pd.DataFrame, classifiers, lms, encoder, vocabulary:
                              min_similarity=filters["min_similarity"],
                              min_content_similarity=filters["min_content_similarity"],
                              well_formed=bool(filters["well_formed"]),
-                             max_relatedness_drop=filters.get("max_relatedness_drop"))
+                             max_relatedness_drop=filters.get("max_relatedness_drop"),
+                             min_fluency=filters.get("min_fluency") if fluency_model is not None else None)
     if "transfer_phrase" in verdicts.columns:
         empty = (verdicts["transfer_phrase"].fillna("") == "").to_numpy()
         verdicts.loc[empty, "passed"] = False
@@ -162,10 +173,11 @@ def score_candidates(frame: pd.DataFrame, classifiers, lms, encoder, vocabulary:
 
 
 def make_candidate_scorer(classifiers_path: str, lm_path: str, vocabulary_path: str | None, encoder_name: str,
-                          filters: dict, batch_size: int, device: str,
-                          visual: dict | None = None) -> Callable[[Iterator[pd.DataFrame]], Iterator[pd.DataFrame]]:
+                          filters: dict, batch_size: int, device: str, visual: dict | None = None,
+                          fluency_path: str | None = None) -> Callable[[Iterator[pd.DataFrame]], Iterator[pd.DataFrame]]:
     """mapInPandas: generated candidates -> the same plus :data:`SCORED_COLUMNS`; ``visual``
-    (:func:`udfs.visual_relatedness.visual_options`) scores visual relatedness where the rows carry ``tags``."""
+    (:func:`udfs.visual_relatedness.visual_options`) scores visual relatedness where the rows carry ``tags``;
+    ``fluency_path`` (a saved fluency discriminator) scores fluency for ``filters["min_fluency"]``."""
 
     def score_batches(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         from models.encoders import SentenceEncoder
@@ -180,8 +192,16 @@ def make_candidate_scorer(classifiers_path: str, lm_path: str, vocabulary_path: 
             from udfs.visual_relatedness import cached_relatedness_scorer
 
             scorer = cached_relatedness_scorer(visual, dev)
+        fluency = None
+        if fluency_path:
+            from models.style_classifier import load_style_classifier
+
+            fluency = cached_model(("fluency", fluency_path, dev),
+                                   lambda: load_style_classifier(fluency_path, device=dev,
+                                                                 max_length=int(filters.get("fluency_max_length", 40))))
         for frame in frames:
             if not frame.empty:
-                yield score_candidates(frame, classifiers, lms, encoder, vocabulary, filters, batch_size, scorer)
+                yield score_candidates(frame, classifiers, lms, encoder, vocabulary, filters, batch_size, scorer,
+                                       fluency)
 
     return score_batches
