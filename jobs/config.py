@@ -585,6 +585,9 @@ class ExperimentConf(_Section):
         default_factory=lambda: [23, 24, 25], min_length=1, description="every cell trains and decodes once per "
         "seed (captioner init, data order, scheduled sampling); rows hold the mean, the sd and each seed's value, "
         "and every delta a 95% t-interval over the seeds (paired by seed). Fig. 5's eps cells use the first seed")
+    seeds_per_captioner: dict[str, Annotated[int, Field(strict=True, ge=1)]] = Field(
+        default_factory=dict, description="per captioner kind, how many of seeds (the first ones) its cells train, "
+        "e.g. {transformer: 1, updown: 1} where time allows only NIC all of them; a kind not listed takes every seed")
     ablations: AblationConf = Field(default_factory=AblationConf)
     resume: bool = Field(True, description="reuse a cell already trained on the same pairs, conf and seed (found by "
                          "its fingerprint among the finished MLflow runs, or trained and saved by a launch that "
@@ -698,6 +701,10 @@ class ErgConfig(_Section):
         if unknown_sets:
             raise ValueError(f"experiment.epochs names {unknown_sets}, which are not style sets: "
                              f"sets are {sorted(self.style_sets)}")
+        unknown = [k for k in e.seeds_per_captioner if k not in ("nic", "transformer", "updown")]
+        if unknown:
+            raise ValueError(f"experiment.seeds_per_captioner names {unknown}: captioner kinds are nic, transformer, "
+                             "updown")
         unknown = [s for s in (e.ablations.styles or []) if s not in self.styles]
         if unknown:
             raise ValueError(f"experiment.ablations.styles {unknown} are not among styles {self.styles}")

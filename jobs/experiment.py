@@ -94,13 +94,15 @@ class Cell:
 
 
 def plan_cells(table2_styles: list[str], captioners: list[str], table5: tuple[str, list[str], list[str]] | None,
-               fig5: tuple[str, list[str], list[float]] | None, seeds: list[int] = (23,)) -> list[Cell]:
-    """Every cell to train, each once per seed: Table 2's, then Table 5's (captioner, styles, retrieval types),
-    then Fig. 5's (captioner, styles, shares)."""
+               fig5: tuple[str, list[str], list[float]] | None, seeds: list[int] = (23,),
+               seeds_per_captioner: dict[str, int] | None = None) -> list[Cell]:
+    """Every cell to train, each once per seed (a captioner of ``seeds_per_captioner`` with its first seeds only):
+    Table 2's, then Table 5's (captioner, styles, retrieval types), then Fig. 5's (captioner, styles, shares)."""
     cells: dict[tuple, Cell] = {}
+    per_captioner = seeds_per_captioner or {}
 
     def add(cell: Cell) -> None:
-        for seed in seeds:
+        for seed in seeds[: per_captioner.get(cell.captioner, len(seeds))]:
             seeded = dataclasses.replace(cell, seed=seed)
             cells.setdefault(seeded.key, seeded)
 
@@ -370,7 +372,7 @@ def plan_experiment(cfg: ErgConfig, measured: list[str], types: list[str]
         f5_styles = _style_set_styles(cfg, e.fig5.style_set, measured)
         if f5_styles:
             f5 = (e.fig5.captioner, f5_styles, e.fig5.sizes)
-    return plan_cells(measured, list(e.captioners), t5, f5, list(e.seeds)), t5, f5
+    return plan_cells(measured, list(e.captioners), t5, f5, list(e.seeds), dict(e.seeds_per_captioner)), t5, f5
 
 
 def measure_leakage(spark: SparkSession, cfg: ErgConfig, data: ExperimentData, pool: dict[str, int]
@@ -668,8 +670,9 @@ def measure_ablations(spark: SparkSession, cfg: ErgConfig, data: ExperimentData,
         out["leakage"].update({f"ablation_{kind}.{k}": v for k, v in measure_leakage(spark, cfg, sub, kind_pool).items()
                                if not k.startswith(("retrievals_", "augmented_", "training_set_", "factual_",
                                                     "queries_"))})
+        seeds = cfg.experiment.seeds[: cfg.experiment.seeds_per_captioner.get(a.captioner, len(cfg.experiment.seeds))]
         cells = [Cell(s, a.captioner, f"{ABLATION_PREFIX}{kind}", None, 1.0, None, seed)
-                 for s in styles if kind_pool[s] for seed in cfg.experiment.seeds]
+                 for s in styles if kind_pool[s] for seed in seeds]
         trained = train_cells(spark, cfg, cells, sub, kind_pool, folder / f"ablation_{kind}", parent_id,
                               lambda stage, kind=kind: lap(f"ablation_{kind}.{stage}"), counts)
         got_rows, got_samples, got_hyp = score_cells(spark, cfg, trained, sub, [s for s in styles if kind_pool[s]],

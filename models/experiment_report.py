@@ -233,7 +233,11 @@ def render_table2(rows: Sequence[Mapping[str, Any]]) -> str:
                      + f" | {row['train_pairs']} | " + " | ".join(deltas) + " |")
     seeds = sorted({len(r.get("seeds") or [None]) for r in rows})
     if seeds != [1]:
-        lines += ["", f"Seeds per cell: {', '.join(map(str, seeds))}. Metrics are the mean ± sd over the seeds; "
+        per = {}
+        for r in rows:
+            per.setdefault(r["captioner"], set()).add(len(r.get("seeds") or [None]))
+        said = "; ".join(f"{c} {', '.join(map(str, sorted(n)))}" for c, n in per.items())
+        lines += ["", f"Seeds per cell: {said}. Metrics are the mean ± sd over the seeds; "
                   "each delta is the mean of the seeds' paired deltas with its 95% t-interval over the seeds in "
                   "brackets, * where the interval excludes 0."]
     return "\n".join(lines) + "\n"

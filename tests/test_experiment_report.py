@@ -35,6 +35,9 @@ def test_every_cell_is_planned_once_per_seed() -> None:
     assert len(cells) == 3 * 3 and len({c.key for c in cells}) == 9
     assert {c.seed for c in cells if c.name == "humor/nic/augmented@0.5"} == {23, 24, 25}
     assert cells[0].label == "humor/nic/original#seed=23"
+    mixed = plan_cells(["humor"], ["nic", "updown"], None, None, [23, 24, 25], {"updown": 1})
+    assert [(c.captioner, c.seed) for c in mixed if c.variant == "augmented"] == [
+        ("nic", 23), ("nic", 24), ("nic", 25), ("updown", 23)]
 
 
 def test_seeds_give_mean_sd_and_a_paired_t_interval_per_delta() -> None:
@@ -58,7 +61,7 @@ def test_seeds_give_mean_sd_and_a_paired_t_interval_per_delta() -> None:
     assert t_interval([1.0]) is None and not t_interval([-1.0, 1.0, 0.5])["excludes_zero"]
     rows[1]["ci95"] = delta["ci95"]
     text = render_table2(rows)
-    assert "| 24.0 ± 1.0 |" in text and "+12.3 [+10.9, +13.8]*" in text and "Seeds per cell: 3" in text
+    assert "| 24.0 ± 1.0 |" in text and "+12.3 [+10.9, +13.8]*" in text and "Seeds per cell: nic 3" in text
 
 
 def test_table2_deltas_are_relative_cider_and_cls_points() -> None:
