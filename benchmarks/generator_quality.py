@@ -4,6 +4,10 @@ Runs after `erg run` on the real data (it reads that run's tables and models und
 
     ERG_HOME=.erg-real erg run --conf conf/shared_data.yaml
     ERG_HOME=.erg-real python benchmarks/generator_quality.py --conf conf/shared_data.yaml
+    ERG_HOME=.erg-real python benchmarks/generator_quality.py --conf conf/shared_data.yaml --from-run 10000
+
+(the second measures the bar on the run's own rows at its volume, nothing generated again:
+``generator_quality_volume.json``).
 
 Generators compared on the same candidates (factual captions of P with their top retrieved phrase, all from
 train-split scenes) and the same held-out (val/test) stylized captions:
@@ -37,6 +41,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -83,8 +88,50 @@ def quality(cand: pd.DataFrame, generated: list[str], scored: pd.DataFrame, voca
     }
 
 
+def from_run(args) -> None:
+    """The bar's metrics over ``--from-run`` of the run's own rows (the current generator's candidates, the lowest
+    hash first; none generated again): what the generator wrote at the run's volume, through the run's filters."""
+    from pyspark.sql import functions as F
+
+    from jobs.config import load_config
+    from jobs.model_store import require_current
+    from jobs.spark import get_spark
+    from jobs.tables import read_table, register_tables
+    from udfs.generation import load_vocabulary
+
+    cfg = load_config(args.conf, ["spark.show_progress=false"])
+    spark = get_spark(cfg)
+    register_tables(spark, cfg)
+    current = require_current(cfg, "generator", "generate")
+    rows = read_table(spark, cfg, "augmented_captions").where(F.col("generator_version") == current["version"])
+    total = rows.count()
+    frame = (rows.orderBy(F.xxhash64("query_id", "scene_id", "retrieval_type", F.lit(7)))
+             .limit(args.from_run).toPandas())  # bounded by --from-run
+    frame["transfer_phrase"] = frame["transfer_phrase"].fillna("")
+    generated = frame["generated_caption"].fillna("").tolist()
+    result = quality(frame, generated, frame, load_vocabulary(current.get("vocabulary_path")))
+    result["meets_bar"] = all((result[k] <= v) if op == "<=" else (result[k] >= v) for k, (op, v) in BAR.items())
+    by_style = {}
+    for style, group in frame.groupby("style"):
+        q = quality(group, group["generated_caption"].fillna("").tolist(), group,
+                    load_vocabulary(current.get("vocabulary_path")))
+        by_style[style] = {"candidates": len(group), **{k: v for k, v in q.items() if k != "pass_rate_by_filter"}}
+    out = {"command": "ERG_HOME=" + os.environ.get("ERG_HOME", ".erg") + " python "
+           + " ".join(shlex.quote(a) for a in sys.argv), "generator_version": current["version"],
+           "run_candidates": total, "measured_candidates": len(frame), "bar": {k: f"{op} {v}" for k, (op, v) in BAR.items()},
+           "word_level_merge": result, "by_style": by_style,
+           "samples": frame[["style", "transfer_phrase", "factual_caption", "generated_caption", "passed",
+                             "reject_reason"]].head(20).to_dict("records")}
+    path = Path(args.out + "_volume.json")
+    path.write_text(json.dumps(out, indent=2, default=str) + "\n")
+    print(json.dumps({k: v for k, v in result.items() if k != "pass_rate_by_filter"}, indent=2))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--from-run", type=int, default=None,
+                        help="measure the bar on this many of the run's own candidates (none generated again), into "
+                             "<out>_volume.json")
     parser.add_argument("--conf", default="conf/shared_data.yaml")
     parser.add_argument("--candidates", type=int, default=300, help="factual captions (with their top hit) generated")
     parser.add_argument("--rebuild", type=int, default=300, help="held-out stylized captions rebuilt for BLEU-4")
@@ -93,6 +140,9 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/results/generator_quality")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
+    if args.from_run:
+        from_run(args)
+        return
 
     import torch
 
