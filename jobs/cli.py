@@ -111,9 +111,14 @@ def cmd_experiment(cfg, args) -> dict:
 
 def cmd_sql(cfg, args) -> None:
     from jobs.spark import get_spark
+    from jobs.sql_access import check_read_only, run_write
 
     spark = get_spark(cfg)
-    df = spark.sql(args.query)
+    if args.write:
+        df = run_write(spark, cfg, args.query)
+    else:
+        check_read_only(spark, args.query)  # refused before Spark runs it
+        df = spark.sql(args.query)
     if args.json:
         for row in df.limit(args.limit).collect():
             print(json.dumps(row.asDict(recursive=True), default=str))
@@ -172,6 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--limit", type=int, default=50)
             p.add_argument("--truncate", type=int, default=60)
             p.add_argument("--json", action="store_true", help="print rows as JSON lines")
+            p.add_argument("--write", action="store_true",
+                           help="allow a statement that writes or changes state (INSERT, DELETE, DROP, SET, ...); "
+                                "logged to MLflow with the tables' Delta versions before and after")
         if name == "compare":
             p.add_argument("run_ids", nargs="*", metavar="RUN_ID", help="runs to compare (default: a job's last runs)")
             p.add_argument("--job", help="compare this job's last runs (tag erg.job; default: the newest run's job)")
