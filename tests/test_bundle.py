@@ -111,6 +111,24 @@ def test_targets_and_variables():
     assert not any(re.search(r"(?i)(token|password|secret)\s*[:=]", text) for text in _strings(BUNDLE))
 
 
+def test_prod_runs_as_a_service_principal_and_grants_an_operators_group_runs_only():
+    prod, dev = BUNDLE["targets"]["prod"], BUNDLE["targets"]["dev"]
+    assert VAR.fullmatch(prod["run_as"]["service_principal_name"]).group(1) == "prod_service_principal"
+    assert prod["permissions"] == [{"level": "CAN_RUN", "group_name": "${var.operators_group}"}]
+    assert "run_as" not in dev and "permissions" not in dev  # dev deploys run as the developer
+
+
+def test_no_conf_or_bundle_file_holds_a_token_or_password():
+    files = [ROOT / "databricks.yml", *sorted((ROOT / "resources").glob("*.yml")),
+             *sorted((ROOT / "conf").glob("*.yaml"))]
+    secret = re.compile(r"(?i)\b(token|password|passwd|secret|api[_-]?key|access[_-]?key)\b\s*[:=]\s*\S+"
+                        r"|dapi[0-9a-f]{32}|AKIA[0-9A-Z]{16}|\bghp_[A-Za-z0-9]{36}\b")
+    for path in files:
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            assert not secret.search(line), f"{path.name}:{number} looks like a secret: {line.strip()}"
+    assert secret.search("token: dapi0123456789abcdef0123456789abcdef")  # the check itself bites
+
+
 def test_pipeline_task_graph_runs_the_erg_stages_in_order():
     keys = [task["task_key"] for task in BUNDLE["jobs"]["erg_pipeline"]["tasks"]]
     assert len(keys) == len(set(keys))
