@@ -465,8 +465,7 @@ def _reuse(run, cell_dir: Path) -> tuple[Path, dict[str, Any]] | None:
 
 
 def train_cells(spark: SparkSession, cfg: ErgConfig, cells: list[Cell], data: ExperimentData, pool: dict[str, int],
-                folder: Path, parent_id: str, lap, counts: dict[str, float] | None = None
-                ) -> dict[str, dict[str, Any]]:
+                parent_id: str, lap, counts: dict[str, float] | None = None) -> dict[str, dict[str, Any]]:
     """Step 5, resumable: each cell's fingerprint (:func:`cell_fingerprint`); a cell recorded by an earlier run
     with that fingerprint is reused (``experiment.resume``); a cell trained by a launch that stopped before it was
     recorded (its model and summary in its fingerprint's folder) is recorded now; the others' snapshots are written
@@ -608,8 +607,7 @@ def score_cells(spark: SparkSession, cfg: ErgConfig, trained: dict[str, dict[str
     return rows, samples, pd.concat(captions, ignore_index=True) if captions else pd.DataFrame()
 
 
-def measure_eps(spark: SparkSession, cfg_eps: ErgConfig, run: dict[str, Any], f5: tuple, folder: Path,
-                parent_id: str, lap, classifiers_path: str, lm_path: str, grader: dict[str, Any] | None,
+def measure_eps(spark: SparkSession, cfg_eps: ErgConfig, run: dict[str, Any], f5: tuple, parent_id: str, lap, classifiers_path: str, lm_path: str, grader: dict[str, Any] | None,
                 counts: dict[str, float] | None = None) -> dict[str, Any]:
     """Fig. 5's eps curve, one eps: Fig. 5's captioner trained on each style's original pairs plus the passing
     augmented pairs of the ERG run at that eps (``cfg_eps``'s schema, :func:`jobs.eps_sweep.run_erg_at`; capped as
@@ -630,7 +628,7 @@ def measure_eps(spark: SparkSession, cfg_eps: ErgConfig, run: dict[str, Any], f5
              for style in measured]
     leakage = measure_leakage(spark, cfg_eps, data, pool)
     lap("leakage")
-    trained = train_cells(spark, cfg_eps, cells, data, pool, folder, parent_id, lap, counts)
+    trained = train_cells(spark, cfg_eps, cells, data, pool, parent_id, lap, counts)
     rows, samples, hypotheses = score_cells(spark, cfg_eps, trained, data, measured, classifiers_path, lm_path,
                                             grader)
     data.unpersist()
@@ -639,8 +637,8 @@ def measure_eps(spark: SparkSession, cfg_eps: ErgConfig, run: dict[str, Any], f5
 
 
 def measure_ablations(spark: SparkSession, cfg: ErgConfig, data: ExperimentData, measured: list[str],
-                      pool: dict[str, int], generator: dict[str, Any], classifiers: dict[str, Any], folder: Path,
-                      parent_id: str, lap, counts: dict[str, float], grader: dict[str, Any] | None) -> dict[str, Any]:
+                      pool: dict[str, int], generator: dict[str, Any], classifiers: dict[str, Any], parent_id: str,
+                      lap, counts: dict[str, float], grader: dict[str, Any] | None) -> dict[str, Any]:
     """The ablations (:mod:`jobs.ablation`): per kind, its passing pairs with scene features, the ablation's
     captioner trained on each style's original pairs plus as many of them as ERG's pool holds, once per seed, and
     scored as every cell. Returns ``{"rows", "samples", "hypotheses", "leakage", "pairs"}``."""
@@ -673,7 +671,7 @@ def measure_ablations(spark: SparkSession, cfg: ErgConfig, data: ExperimentData,
         seeds = cfg.experiment.seeds[: cfg.experiment.seeds_per_captioner.get(a.captioner, len(cfg.experiment.seeds))]
         cells = [Cell(s, a.captioner, f"{ABLATION_PREFIX}{kind}", None, 1.0, None, seed)
                  for s in styles if kind_pool[s] for seed in seeds]
-        trained = train_cells(spark, cfg, cells, sub, kind_pool, folder / f"ablation_{kind}", parent_id,
+        trained = train_cells(spark, cfg, cells, sub, kind_pool, parent_id,
                               lambda stage, kind=kind: lap(f"ablation_{kind}.{stage}"), counts)
         got_rows, got_samples, got_hyp = score_cells(spark, cfg, trained, sub, [s for s in styles if kind_pool[s]],
                                                      classifiers["path"], generator["lm_path"], grader)
@@ -814,10 +812,10 @@ def run_experiment(spark: SparkSession, cfg: ErgConfig, *, command: str | None =
         grader = fit_independent_classifier(spark, cfg, measured, folder / "independent_classifier")
         lap("independent_classifier")
         cell_counts: dict[str, float] = {}
-        trained = train_cells(spark, cfg, cells, data, pool, folder, parent_id, lap, cell_counts)
+        trained = train_cells(spark, cfg, cells, data, pool, parent_id, lap, cell_counts)
         rows, samples, hypotheses = score_cells(spark, cfg, trained, data, measured, classifiers["path"],
                                                 generator["lm_path"], grader)
-        ablations = measure_ablations(spark, cfg, data, measured, pool, generator, classifiers, folder, parent_id,
+        ablations = measure_ablations(spark, cfg, data, measured, pool, generator, classifiers, parent_id,
                                       lap, cell_counts, grader)
         rows += ablations["rows"]
         samples += ablations["samples"]
@@ -831,7 +829,7 @@ def run_experiment(spark: SparkSession, cfg: ErgConfig, *, command: str | None =
                 tag = f"eps{eps:g}"
                 cfg_eps, run = run_erg_at(spark, cfg, eps)
                 lap(f"{tag}.erg")
-                got = measure_eps(spark, cfg_eps, run, f5, folder / tag, parent_id,
+                got = measure_eps(spark, cfg_eps, run, f5, parent_id,
                                   lambda stage, tag=tag: lap(f"{tag}.{stage}"), classifiers["path"],
                                   generator["lm_path"], grader, cell_counts)
                 rows += got["rows"]
