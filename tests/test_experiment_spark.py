@@ -349,3 +349,31 @@ def test_graft_ablation_passes_the_filters_and_is_reported_against_erg(spark, se
         assert d["per_seed"]["delta_cls"] == [pytest.approx(expected)]
     assert "## Ablations" in Path(result["report_dir"], "report.md").read_text()
     assert all(v == 0 for k, v in result["leakage"].items() if k.startswith("ablation_graft."))
+
+
+def test_random_scene_candidates_take_a_train_scene_of_the_same_style(spark) -> None:
+    """Each candidate gets the phrase of one of its style's train scenes, drawn by a hash of its key (the same
+    draw every run), spread over the style's scenes, never another style's."""
+    from jobs.ablation import candidates_per_style, random_scene_candidates
+
+    base = spark.createDataFrame(
+        [(f"q{i}", f"img{i}", None, f"a caption {i}", f"s_{'h' if i % 2 else 'p'}0", "t2t",
+          "humor" if i % 2 else "positive", 0.9) for i in range(40)],
+        "query_id string, image_id string, image_uri string, factual_caption string, scene_id string, "
+        "retrieval_type string, style string, similarity double")
+    phrases = spark.createDataFrame(
+        [(f"s_h{k}", "humor", f"funny {k}", ["funny", str(k)], [True, True]) for k in range(5)]
+        + [(f"s_p{k}", "positive", f"nice {k}", ["nice", str(k)], [True, True]) for k in range(3)],
+        "scene_id string, style string, style_phrase string, phrase_tokens array<string>, "
+        "phrase_mask array<boolean>")
+    drawn = random_scene_candidates(base, phrases).collect()
+    assert len(drawn) == 40
+    for r in drawn:
+        assert r.scene_id.startswith("s_h" if r.style == "humor" else "s_p") and r.style_phrase.split()[0] in (
+            "funny", "nice")
+    assert len({r.scene_id for r in drawn if r.style == "humor"}) >= 3  # spread, not one scene
+    again = {r.query_id: r.scene_id for r in random_scene_candidates(base, phrases).collect()}
+    assert again == {r.query_id: r.scene_id for r in drawn}
+    # an ablation tries margin x pool / ERG's pass rate candidates, at most all of them
+    assert candidates_per_style({"humor": (1000, 500), "positive": (100, 10)}, {"humor": 100, "positive": 50},
+                                1.5) == {"humor": 300, "positive": 100}
