@@ -64,11 +64,13 @@ def measure(spark, cfg) -> dict:
         total = {k: sum(v.get(k, 0) or 0 for v in by_source.values())
                  for k in ("hits", "queries_with_a_hit", "candidates", "passed")}
         p_only = by_source.get("P", {})
+        generated = current is not None and total["candidates"] > 0
         out["styles"][style] = {**by_source, "all": total,
                                 "target_passed": TARGETS.get(style),
-                                "meets_target": (total["passed"] >= TARGETS[style]) if style in TARGETS else None,
+                                "meets_target": (total["passed"] >= TARGETS[style])
+                                if style in TARGETS and generated else None,
                                 "meets_target_without_descriptions": (p_only.get("passed", 0) >= TARGETS[style])
-                                if style in TARGETS else None}
+                                if style in TARGETS and generated else None}
     return out
 
 
@@ -86,9 +88,11 @@ def render(result: dict) -> str:
             lines.append(f"| {style} | {source} | {e.get('queries_with_a_hit', 0):,} | {e.get('hits', 0):,} | "
                          f"{e.get('candidates', 0):,} | {e.get('passed', 0):,} | "
                          + (f"{rate:.3f}" if rate is not None else "-") + " |")
-    lines += ["", "Targets (passing pairs): " + ", ".join(
-        f"{s} >= {t:,} ({'met' if result['styles'].get(s, {}).get('meets_target') else 'not met'})"
-        for s, t in TARGETS.items())]
+    def verdict(style: str) -> str:
+        met = result["styles"].get(style, {}).get("meets_target")
+        return "not measured: nothing generated yet" if met is None else ("met" if met else "not met")
+
+    lines += ["", "Targets (passing pairs): " + ", ".join(f"{s} >= {t:,} ({verdict(s)})" for s, t in TARGETS.items())]
     return "\n".join(lines) + "\n"
 
 
