@@ -470,7 +470,7 @@ class MergeConstraint(LogitsProcessor):
         if ended:
             return [self.eos]
         content, phrase = self.contents[row], self.phrases[row]
-        if self.contiguous[row]:
+        if self.contiguous[row]:  # the content, then the clause: the next token is fixed by how many were written
             whole_len = len(content) + len(phrase)
             return [(content + phrase)[written]] if written < whole_len else [self.eos]
         nxt = [content[ci]] if ci < len(content) else []
@@ -480,28 +480,8 @@ class MergeConstraint(LogitsProcessor):
         return nxt or [self.eos]
 
     def allowed(self, row: int, generated: Sequence[int]) -> list[int]:
-        content, phrase, block = self.contents[row], self.phrases[row], self.contiguous[row]
-        if block:  # the content, then the clause: the (n+1)th token is fixed by how many were written
-            written = next((i for i, t in enumerate(generated) if t == self.eos), len(generated))
-            if written < len(generated):
-                return [self.eos]
-            whole = content + phrase
-            return [whole[written]] if written < len(whole) else [self.eos]
-        ci = pi = 0
-        for t in generated:
-            if t == self.eos:
-                return [self.eos]
-            if ci < len(content) and t == content[ci]:
-                ci += 1
-                continue
-            j = next((j for j in range(pi, len(phrase)) if phrase[j] == t), None)
-            if j is not None:
-                pi = j + 1
-        nxt = [content[ci]] if ci < len(content) else []
-        if self.skip_phrase:
-            return (nxt or [self.eos]) + phrase[pi:]
-        nxt += phrase[pi : pi + 1]
-        return nxt or [self.eos]
+        """The tokens input ``row`` may write after ``generated``: its position scanned from the whole prefix."""
+        return self._allowed_at(row, self._scan(row, generated), len(generated))
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         mask = torch.ones_like(scores, dtype=torch.bool)
