@@ -29,7 +29,7 @@ from pyspark.sql import functions as F
 
 from jobs.config import ErgConfig
 from jobs.generate import (CANDIDATE_COLUMNS, PHRASE_COLUMNS, VISUAL_CONTEXT_COLUMNS, apply_generator,
-                           ddl_of, score_generated)
+                           ddl_of, score_generated, train_scene_phrases)
 from jobs.model_store import model_dir
 from jobs.tables import read_table
 from udfs.generation import make_grafter
@@ -66,14 +66,6 @@ def erg_candidates(spark: SparkSession, cfg: ErgConfig, generator_version: str, 
                     "similarity"))
 
 
-def train_phrases(spark: SparkSession, cfg: ErgConfig) -> DataFrame:
-    """``scene_id, style, style_phrase, phrase_tokens, phrase_mask`` of the train scenes with a phrase."""
-    train = read_table(spark, cfg, "stylized_captions").where(F.col("split") == "train").select("scene_id")
-    return (read_table(spark, cfg, "style_phrases")
-            .select("scene_id", "style", "style_phrase", F.col("tokens").alias("phrase_tokens"), "phrase_mask")
-            .join(train, "scene_id", "left_semi").where(F.length("style_phrase") > 0))
-
-
 def random_scene_candidates(base: DataFrame, phrases: DataFrame) -> DataFrame:
     """Each candidate with the phrase of a random train scene of its style instead of its retrieved scene's: the
     scene numbered ``hash(candidate key) mod n`` among the style's n scenes (numbered by a hash of the scene id)."""
@@ -102,7 +94,7 @@ def make_ablation_rows(spark: SparkSession, cfg: ErgConfig, ablation: str, curre
     folder = model_dir(cfg, "ablation", ablation_key(ablation, current, classifiers, per_style, cfg))
     if not (Path(folder) / "_delta_log").is_dir():
         base = erg_candidates(spark, cfg, current["version"], per_style)
-        phrases = train_phrases(spark, cfg)
+        phrases = train_scene_phrases(spark, cfg)
         cand = (random_scene_candidates(base, phrases) if ablation == "random_scene"
                 else base.join(phrases, ["scene_id", "style"]))
         visual = read_table(spark, cfg, "images").select("image_id", *VISUAL_CONTEXT_COLUMNS)

@@ -289,19 +289,24 @@ def train_generator(spark: SparkSession, cfg: ErgConfig, run_id: str) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------------- apply
+def train_scene_phrases(spark: SparkSession, cfg: ErgConfig) -> DataFrame:
+    """``scene_id, style, style_phrase, phrase_tokens, phrase_mask`` of the train-split scenes with a non-empty
+    phrase: the only phrases a candidate (or an ablation's) may take."""
+    train_scenes = read_table(spark, cfg, "stylized_captions").where(F.col("split") == "train").select("scene_id")
+    return (read_table(spark, cfg, "style_phrases")
+            .select("scene_id", "style", "style_phrase", F.col("tokens").alias("phrase_tokens"), "phrase_mask")
+            .join(train_scenes, "scene_id", "left_semi").where(F.length("style_phrase") > 0))
+
+
 def candidates(spark: SparkSession, cfg: ErgConfig, generator_version: str):
     """Retrieval hits (rank <= hits_per_query) joined with their scene's style phrase (train-split scenes only) and
     the factual caption, minus those this generator version already produced."""
     hits = read_table(spark, cfg, "retrievals").filter(F.col("rank") <= cfg.generate.hits_per_query)
-    train_scenes = read_table(spark, cfg, "stylized_captions").where(F.col("split") == "train").select("scene_id")
-    phrases = (read_table(spark, cfg, "style_phrases")
-               .select("scene_id", "style", "style_phrase", F.col("tokens").alias("phrase_tokens"), "phrase_mask")
-               .join(train_scenes, "scene_id", "left_semi"))  # a val/test scene's phrase never becomes a candidate
+    phrases = train_scene_phrases(spark, cfg)  # a val/test scene's phrase never becomes a candidate
     factual = query_captions(spark, cfg).select(
         F.col("caption_id").alias("query_id"), "image_id", "image_uri", F.col("caption").alias("factual_caption"))
     cand = (hits.select("query_id", "scene_id", "retrieval_type", "similarity")
             .join(phrases, "scene_id").join(factual, "query_id")
-            .filter(F.length("style_phrase") > 0)
             .dropDuplicates(["query_id", "scene_id", "retrieval_type"]))
     key_hash = F.xxhash64("query_id", "scene_id", "retrieval_type")
     if cfg.generate.max_candidates_per_style:
