@@ -88,13 +88,10 @@ def check_read_only(spark: SparkSession, query: str) -> None:
 def table_versions(spark: SparkSession, cfg: ErgConfig) -> dict[str, int]:
     """The latest Delta version of every table of the schema that exists."""
     from jobs.tables import TABLES, table_name
+    from jobs.watermarks import table_version
 
-    versions = {}
-    for table in TABLES:
-        name = table_name(cfg, table)
-        if spark.catalog.tableExists(name):
-            versions[table] = int(spark.sql(f"DESCRIBE HISTORY {name} LIMIT 1").first()["version"])
-    return versions
+    return {table: table_version(spark, cfg, table) for table in TABLES
+            if spark.catalog.tableExists(table_name(cfg, table))}
 
 
 def run_write(spark: SparkSession, cfg: ErgConfig, query: str):
