@@ -10,21 +10,29 @@ table is compared with an uninterrupted run.
    stage hit is the last banner printed before the kill. A run that ends before its moment is not a kill: it is
    recorded and another moment is drawn.
 3. **Rerun.** ``erg run --incremental --conf C`` (the documented recovery: reuse the models recorded as current, do
-   only what is missing) runs in the same home to completion.
+   only what is missing) runs in the same home to completion. Before it, the killed home's MLflow registry is checked:
+   every ``current`` alias must name a record whose model folders are complete (:func:`registry_check`).
 4. **Compare.** Every table of the killed-and-rerun home against the reference's (:func:`compare_tables`): the same
    natural keys, no duplicate key, the same values in every deterministic column (floats within a tolerance; run
    ids, timestamps and the run-id-named model versions are left out; the homes' paths are written as ``<home>``).
-   Tables are read from their Delta folders by one Spark session in this process.
+   Tables are read from their Delta folders by one Spark session in this process. Kills go on past ``--kills``
+   until every stage was hit ``--min-per-stage`` times; a stage's window is the shortest seen in any run, so a kill
+   aimed at a stage lands in it.
+5. **Experiment.** ``--experiment-kills`` more homes run ``erg run``, then ``erg experiment`` killed at a moment
+   drawn over a reference experiment's time (inside a cell or between cells), then ``erg experiment`` again: every
+   per-seed cell must equal the reference experiment's (:func:`compare_experiments`), the registry intact.
 
 Writes ``--out`` (default ``benchmarks/results/chaos.json``)::
 
-    {"kills": N, "stages_hit": [...], "identical": K, "differences": [...], "command": "...", "runs": [...], ...}
+    {"kills": N, "kills_per_stage": {...}, "identical": K, "registry_aliases_broken": 0, "differences": [...],
+     "command": "...", "runs": [...], "experiment_runs": [...], ...}
 
-``identical`` counts the kills whose tables all equal the reference's; ``differences`` lists what differed (table,
-kind, column, count, examples). One run on the local sample takes minutes; N >= 10 takes about an hour on 2 cores:
+``identical`` counts the kills whose tables (or experiment cells) all equal the reference's; ``differences`` lists
+what differed. One run on the local sample takes minutes; the default plan takes hours on 2 cores:
 
-    python benchmarks/chaos.py --kills 10 --conf local --work .erg-chaos
-    python benchmarks/chaos.py --kills 2 --conf test --work .erg-chaos-test --out /tmp/chaos.json   # a quick check
+    python benchmarks/chaos.py --kills 12 --experiment-kills 2 --conf local --work .erg-chaos
+    python benchmarks/chaos.py --kills 2 --min-per-stage 0 --experiment-kills 1 --conf test --work .erg-chaos-test \
+        --out /tmp/chaos.json   # a quick check
 
 To run the code of one commit while the working tree changes, run it from an export
 (``git archive HEAD | tar -x -C /tmp/src``) with ``--out`` pointing back into the repository.
@@ -256,9 +264,115 @@ class DeltaFolders:
         return load
 
 
+# ---------------------------------------------------------------------------------------- registry and experiment
+def _paths_in(value: Any, home: str) -> list[str]:
+    if isinstance(value, str):
+        return [value] if value.startswith(home) else []
+    if isinstance(value, dict):
+        return [p for v in value.values() for p in _paths_in(v, home)]
+    if isinstance(value, (list, tuple)):
+        return [p for v in value for p in _paths_in(v, home)]
+    return []
+
+
+def _complete(path: Path) -> bool:
+    """A file, or a non-empty folder; a transformers folder (``config.json``) with its weights."""
+    if path.is_file():
+        return True
+    if not path.is_dir() or not any(path.iterdir()):
+        return False
+    if (path / "config.json").exists():
+        return any(path.glob("*.safetensors")) or any(path.glob("*.bin"))
+    return True
+
+
+def registry_check(home: Path) -> dict[str, Any]:
+    """Every ``current`` alias of the home's MLflow registry: its record (``erg.record``) is readable and every
+    path under the home that the record names is complete (:func:`_complete`). ``{"aliases", "broken"}``."""
+    from mlflow import MlflowClient
+
+    from jobs.model_store import CURRENT_ALIAS, RECORD_TAG
+
+    uri = f"sqlite:///{home / 'mlflow.db'}"
+    if not (home / "mlflow.db").exists():
+        return {"aliases": 0, "broken": []}
+    client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+    checked, broken = 0, []
+    for model in client.search_registered_models():
+        if CURRENT_ALIAS not in (model.aliases or {}):
+            continue
+        checked += 1
+        version = client.get_model_version_by_alias(model.name, CURRENT_ALIAS)
+        record = version.tags.get(RECORD_TAG)
+        if not record or not Path(record).is_file():
+            broken.append({"model": model.name, "version": version.version, "problem": f"no record at {record}"})
+            continue
+        missing = [p for p in _paths_in(json.loads(Path(record).read_text()), str(home)) if not _complete(Path(p))]
+        if missing:
+            broken.append({"model": model.name, "version": version.version, "problem": "incomplete paths",
+                           "paths": [p.replace(str(home), "<home>") for p in missing[:5]]})
+    return {"aliases": checked, "broken": broken}
+
+
+def experiment_command(conf: str, overrides: Iterable[str] = (), lock: str | None = None) -> list[str]:
+    cmd = (["flock", lock] if lock else []) + [sys.executable, "-m", "jobs.cli", "experiment", "--conf", conf]
+    for item in overrides:
+        cmd += ["--set", item]
+    return cmd
+
+
+def experiment_result(home: Path, conf: str) -> dict[str, Any]:
+    """The result the home's latest finished ``erg experiment`` logged (``report/experiment.json``)."""
+    import mlflow
+
+    uri = f"sqlite:///{home / 'mlflow.db'}"
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()],
+                              "tags.`erg.job` = 'experiment' and attributes.status = 'FINISHED'",
+                              order_by=["attributes.start_time DESC"], max_results=1)
+    if not runs:
+        raise RuntimeError(f"no finished experiment run in {home}")
+    local = mlflow.artifacts.download_artifacts(run_id=runs[0].info.run_id, artifact_path="report/experiment.json",
+                                                tracking_uri=uri)
+    return json.loads(Path(local).read_text())
+
+
+def _cell_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
+    return result.get("seed_rows") or result.get("rows") or []
+
+
+def compare_experiments(reference: dict[str, Any], other: dict[str, Any]) -> list[dict[str, Any]]:
+    """Differences between two experiments' per-seed cells: the same cells (by their non-numeric fields and seed),
+    every metric within the float tolerance. Run ids, paths and seconds are left out."""
+    def volatile(key: str) -> bool:
+        return "run_id" in key or key.endswith("seconds") or key in ("path", "reused", "fingerprint")
+
+    def ident(row: dict[str, Any]) -> tuple:
+        return tuple(sorted((k, str(v)) for k, v in row.items() if not volatile(k)
+                            and (isinstance(v, str) or k == "seed")))
+
+    ref = {ident(r): r for r in _cell_rows(reference)}
+    new = {ident(r): r for r in _cell_rows(other)}
+    out: list[dict[str, Any]] = []
+    for kind, keys in (("cells missing after the rerun", ref.keys() - new.keys()),
+                       ("cells only after the rerun", new.keys() - ref.keys())):
+        if keys:
+            out.append({"kind": kind, "count": len(keys), "examples": [dict(k) for k in list(keys)[:3]]})
+    for key in ref.keys() & new.keys():
+        a, b = ref[key], new[key]
+        bad = [k for k in a if not volatile(k) and k in b and not _same(a[k], b[k])]
+        if bad:
+            out.append({"kind": "values differ", "cell": dict(key), "columns": bad,
+                        "reference": {k: a[k] for k in bad}, "rerun": {k: b[k] for k in bad}})
+    return out
+
+
 # ----------------------------------------------------------------------------------------------------- main
 def _env(home: Path) -> dict:
-    return {**os.environ, "ERG_HOME": str(home), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    # unbuffered: a stage banner reaches the log the moment it is printed (block-buffered output once put the
+    # "extract" banner in the log minutes late, so kills aimed at extract landed in retrieve)
+    return {**os.environ, "ERG_HOME": str(home), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+            "PYTHONUNBUFFERED": "1"}
 
 
 def _fresh(path: Path, work: Path) -> Path:
@@ -298,53 +412,46 @@ def reference_run(args, work: Path) -> dict[str, Any]:
     return ref
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--kills", type=int, default=10, help="kills (each in a fresh home, then a rerun)")
-    parser.add_argument("--conf", default="local", help="conf of every run (local: the generated sample)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="conf overrides")
-    parser.add_argument("--seed", type=int, default=2021, help="seed of the stages' order and the moments")
-    parser.add_argument("--work", type=Path, default=REPO / ".erg-chaos", help="homes of the runs (removed and "
-                        "recreated per kill; the reference is kept and reused)")
-    parser.add_argument("--fresh-reference", action="store_true", help="rerun the reference even if one exists")
-    parser.add_argument("--keep", action="store_true", help="keep each killed home's models and MLflow artifacts")
-    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "chaos.json")
-    parser.add_argument("--timeout", type=float, default=4 * 3600, help="seconds one erg run may take (waiting for "
-                        "--lock included)")
-    parser.add_argument("--lock", default=None, help="run every erg command under `flock LOCK` (a machine shared "
-                        "with other heavy jobs); stage timings are measured from the stage banners, so waiting for the lock does not count")
-    args = parser.parse_args(argv)
-    if args.kills < 1:
-        parser.error("--kills must be at least 1")
-    work = args.work.resolve()
-    work.mkdir(parents=True, exist_ok=True)
-    command = " ".join(["python", "benchmarks/chaos.py", "--kills", str(args.kills), "--conf", args.conf,
-                        "--seed", str(args.seed), *[f"--set {s}" for s in args.set]])
+def observed_windows(banner_times: dict[str, float]) -> dict[str, float]:
+    """Seconds of each stage a run went through completely (its banner to the next one)."""
+    order = [s for s in STAGES if s in banner_times]
+    return {s: banner_times[n] - banner_times[s] for s, n in zip(order, order[1:])}
 
-    ref = reference_run(args, work)
+
+def pipeline_kills(args, work: Path, ref: dict[str, Any], folders: "DeltaFolders") -> list[dict[str, Any]]:
+    """``--kills`` kills of ``erg run`` and more until every stage was hit ``--min-per-stage`` times; each killed
+    home's registry checked, rerun with ``erg run --incremental``, its tables compared with the reference's."""
     ref_home = work / "reference"
-    plan = kill_plan(args.kills, args.seed, ref["windows"])
-    folders = DeltaFolders()
-    runs, differences = [], []
+    windows = dict(ref["windows"])
+    plan = kill_plan(args.kills, args.seed, windows)
     rng = random.Random(args.seed + 1)
-    k = 0
-    attempts = 0
-    while k < len(plan):
+    hits = {s: 0 for s in STAGES}
+    runs: list[dict[str, Any]] = []
+    k = attempts = 0
+    while k < len(plan) or min(hits.values()) < args.min_per_stage:
+        if k >= len(plan):  # the stage hit least so far, at a moment inside its shortest observed window
+            stage = min(STAGES, key=lambda s: (hits[s], STAGES.index(s)))
+            plan.append((stage, round(rng.uniform(0, windows[stage]), 1)))
         stage, delay = plan[k]
         attempts += 1
-        if attempts > 2 * len(plan) + 5:
+        if attempts > 3 * args.kills + 10:
             raise SystemExit("too many runs ended before their kill moment; see the logs under " + str(work))
         home = _fresh(work / f"kill-{k}", work)
         print(f"kill {k + 1}/{len(plan)}: {stage} + {delay}s in {home}", file=sys.stderr)
         killed = run_and_kill(erg_command(args.conf, args.set, lock=args.lock), _env(home), work / f"kill-{k}.log",
                               stage=stage, delay=delay, timeout=args.timeout)
+        for name, seconds in observed_windows(killed["banner_times"]).items():
+            windows[name] = max(0.5, min(windows[name], seconds))
         record: dict[str, Any] = {"kill": k, "target_stage": stage, "delay_s": delay, **{
             key: killed[key] for key in ("killed", "stage_hit", "seconds")}}
         if not killed["killed"]:
             record["note"] = f"the run ended (exit {killed['rc']}) before the kill moment; another moment is drawn"
             runs.append(record)
-            plan[k] = (stage, round(rng.uniform(0, delay), 1))
+            plan[k] = (stage, round(rng.uniform(0, windows[stage]), 1))
             continue
+        if record["stage_hit"] in hits:
+            hits[record["stage_hit"]] += 1
+        record["registry_after_kill"] = registry_check(home)
         rerun = run_and_kill(erg_command(args.conf, args.set, incremental=True, lock=args.lock), _env(home),
                              work / f"kill-{k}.rerun.log", timeout=args.timeout)
         record.update({"rerun_rc": rerun["rc"], "rerun_seconds": rerun["seconds"]})
@@ -357,37 +464,157 @@ def main(argv: list[str] | None = None) -> int:
                                     homes=(str(ref_home), str(home)))
             record.update({"identical": result["identical"], "differences": result["differences"],
                            "rows": result["rows"]})
-        for diff in record["differences"]:
-            differences.append({"kill": k, "stage_hit": record["stage_hit"], **diff})
+            record["registry_after_rerun"] = registry_check(home)
+        if record["registry_after_kill"]["broken"] or record.get("registry_after_rerun", {}).get("broken"):
+            record["identical"] = False
+            record["differences"].append({"kind": "registry alias names an incomplete model",
+                                          "after_kill": record["registry_after_kill"]["broken"],
+                                          "after_rerun": record.get("registry_after_rerun", {}).get("broken")})
         print(f"  stage hit {record['stage_hit']} at {record['seconds']}s; rerun {record['rerun_seconds']}s; "
               f"identical: {record['identical']}", file=sys.stderr)
         runs.append(record)
         if not args.keep:
             _prune(home)
         k += 1
-        _write(args.out, runs, differences, command, ref, args)
-    _write(args.out, runs, differences, command, ref, args)
-    done = [r for r in runs if r["killed"]]
-    print(f"{len(done)} kills, {sum(r['identical'] for r in done)} identical; {args.out}", file=sys.stderr)
-    return 0 if all(r["identical"] for r in done) else 1
+        yield runs
+    return runs
 
 
-def _write(out: Path, runs: list[dict], differences: list[dict], command: str, ref: dict, args) -> None:
+def experiment_kills(args, work: Path) -> Iterable[list[dict[str, Any]]]:
+    """``--experiment-kills`` kills of ``erg experiment``: a reference home runs ``erg run`` and ``erg experiment``
+    uninterrupted; each kill home runs ``erg run``, then ``erg experiment`` killed at a moment drawn uniformly over
+    the reference experiment's time (inside a cell or between cells), its registry checked, then ``erg experiment``
+    again to the end: its cells must equal the reference's, the cells finished before the kill reused."""
+    runs: list[dict[str, Any]] = []
+    ref_home = work / "exp-reference"
+    marker = work / "exp-reference.json"
+    ref = json.loads(marker.read_text()) if marker.exists() and not args.fresh_reference else None
+    if ref is None or ref.get("conf") != args.conf or ref.get("overrides") != args.set:
+        ref_home = _fresh(ref_home, work)
+        print(f"experiment reference: erg run + erg experiment in {ref_home}", file=sys.stderr)
+        if run_and_kill(erg_command(args.conf, args.set, lock=args.lock), _env(ref_home), work / "exp-reference.run.log",
+                        timeout=args.timeout)["rc"] != 0:
+            raise SystemExit(f"the experiment reference's erg run failed; see {work / 'exp-reference.run.log'}")
+        done = run_and_kill(experiment_command(args.conf, args.set, args.lock), _env(ref_home),
+                            work / "exp-reference.log", timeout=args.timeout)
+        if done["rc"] != 0:
+            raise SystemExit(f"the reference experiment failed; see {work / 'exp-reference.log'}")
+        ref = {"conf": args.conf, "overrides": args.set, "seconds": done["seconds"]}
+        marker.write_text(json.dumps(ref, indent=2))
+    reference = experiment_result(ref_home, args.conf)
+    rng = random.Random(args.seed + 2)
+    for j in range(args.experiment_kills):
+        home = _fresh(work / f"exp-kill-{j}", work)
+        delay = round(rng.uniform(0.05, 0.95) * ref["seconds"], 1)
+        print(f"experiment kill {j + 1}/{args.experiment_kills}: erg run, then erg experiment killed at {delay}s",
+              file=sys.stderr)
+        if run_and_kill(erg_command(args.conf, args.set, lock=args.lock), _env(home), work / f"exp-kill-{j}.run.log",
+                        timeout=args.timeout)["rc"] != 0:
+            raise SystemExit(f"erg run failed in {home}; see {work / f'exp-kill-{j}.run.log'}")
+        cmd = experiment_command(args.conf, args.set, args.lock)
+        started = time.monotonic()
+        with (work / f"exp-kill-{j}.log").open("w") as out:
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=_env(home), cwd=str(REPO),
+                                    start_new_session=True)
+            try:
+                proc.wait(timeout=delay)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        log = (work / f"exp-kill-{j}.log").read_text(errors="replace")
+        record: dict[str, Any] = {"experiment_kill": j, "delay_s": delay, "killed": proc.returncode == -9,
+                                  "seconds": round(time.monotonic() - started, 1),
+                                  "cells_logged_before_kill": log.count("experiment cell ")}
+        if not record["killed"]:
+            record["note"] = f"the experiment ended (exit {proc.returncode}) before the kill moment"
+        record["registry_after_kill"] = registry_check(home)
+        rerun = run_and_kill(cmd, _env(home), work / f"exp-kill-{j}.rerun.log", timeout=args.timeout)
+        record.update({"rerun_rc": rerun["rc"], "rerun_seconds": rerun["seconds"]})
+        if rerun["rc"] != 0:
+            record.update({"identical": False, "differences": [{"kind": "rerun failed", "rc": rerun["rc"],
+                           "log_tail": (work / f"exp-kill-{j}.rerun.log").read_text(errors="replace")[-1500:]}]})
+        else:
+            result = experiment_result(home, args.conf)
+            record["differences"] = compare_experiments(reference, result)
+            record["cell_counts"] = result.get("cell_counts")
+            broken = registry_check(home)["broken"] + record["registry_after_kill"]["broken"]
+            if broken:
+                record["differences"].append({"kind": "registry alias names an incomplete model", "broken": broken})
+            record["identical"] = not record["differences"]
+        print(f"  killed: {record['killed']} at {record['seconds']}s; rerun {record['rerun_seconds']}s; "
+              f"identical: {record['identical']}", file=sys.stderr)
+        runs.append(record)
+        if not args.keep:
+            _prune(home)
+        yield runs
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--kills", type=int, default=12, help="kills of erg run (each in a fresh home, then a rerun)")
+    parser.add_argument("--min-per-stage", type=int, default=2, help="kills go on until every stage was hit this "
+                        "many times")
+    parser.add_argument("--experiment-kills", type=int, default=2, help="kills of erg experiment (0: none)")
+    parser.add_argument("--conf", default="local", help="conf of every run (local: the generated sample)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="conf overrides")
+    parser.add_argument("--seed", type=int, default=2021, help="seed of the stages' order and the moments")
+    parser.add_argument("--work", type=Path, default=REPO / ".erg-chaos", help="homes of the runs (removed and "
+                        "recreated per kill; the references are kept and reused)")
+    parser.add_argument("--fresh-reference", action="store_true", help="rerun the references even if they exist")
+    parser.add_argument("--keep", action="store_true", help="keep each killed home's models and MLflow artifacts")
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "chaos.json")
+    parser.add_argument("--timeout", type=float, default=4 * 3600, help="seconds one erg run may take (waiting for "
+                        "--lock included)")
+    parser.add_argument("--lock", default=None, help="run every erg command under `flock LOCK` (a machine shared "
+                        "with other heavy jobs); stage timings are measured from the stage banners, so waiting for the lock does not count")
+    args = parser.parse_args(argv)
+    if args.kills < 1:
+        parser.error("--kills must be at least 1")
+    work = args.work.resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    command = " ".join(["python", "benchmarks/chaos.py", "--kills", str(args.kills), "--min-per-stage",
+                        str(args.min_per_stage), "--experiment-kills", str(args.experiment_kills), "--conf", args.conf,
+                        "--seed", str(args.seed), *[f"--set {s}" for s in args.set]])
+
+    ref = reference_run(args, work)
+    folders = DeltaFolders()
+    runs: list[dict[str, Any]] = []
+    exp_runs: list[dict[str, Any]] = []
+    for runs in pipeline_kills(args, work, ref, folders):
+        _write(args.out, runs, exp_runs, command, ref, args)
+    for exp_runs in experiment_kills(args, work) if args.experiment_kills else ():
+        _write(args.out, runs, exp_runs, command, ref, args)
+    _write(args.out, runs, exp_runs, command, ref, args)
+    done = [r for r in runs + exp_runs if r["killed"]]
+    print(f"{len(done)} kills, {sum(bool(r.get('identical')) for r in done)} identical; {args.out}", file=sys.stderr)
+    return 0 if all(r.get("identical") for r in done) else 1
+
+
+def _write(out: Path, runs: list[dict], exp_runs: list[dict], command: str, ref: dict, args) -> None:
     done = [r for r in runs if r["killed"]]
+    exp_done = [r for r in exp_runs if r["killed"]]
+    per_stage = {s: sum(1 for r in done if r["stage_hit"] == s) for s in STAGES}
+    per_stage["experiment"] = len(exp_done)
+    differences = ([{"kill": r["kill"], "stage_hit": r["stage_hit"], **d} for r in done for d in r.get("differences", [])]
+                   + [{"experiment_kill": r["experiment_kill"], **d} for r in exp_done for d in r.get("differences", [])])
     summary = {
-        "kills": len(done),
-        "stages_hit": sorted({r["stage_hit"] for r in done}, key=lambda s: (STAGES + ("startup",)).index(s)
-                             if s in STAGES + ("startup",) else 99),
-        "identical": sum(1 for r in done if r.get("identical")),
+        "kills": len(done) + len(exp_done),
+        "kills_per_stage": per_stage,
+        "stages_hit": [s for s in (*STAGES, "experiment") if per_stage[s]],
+        "identical": sum(1 for r in done + exp_done if r.get("identical")),
+        "registry_aliases_broken": sum(len(r.get("registry_after_kill", {}).get("broken", []))
+                                       + len(r.get("registry_after_rerun", {}).get("broken", [])) for r in done + exp_done),
         "differences": differences,
         "command": command,
         "conf": args.conf,
-        "rerun": "erg run --incremental",
+        "rerun": "erg run --incremental; erg experiment (the same command: finished cells are reused)",
         "reference_seconds": ref["seconds"],
         "reference_stage_seconds": {s: round(v, 1) for s, v in ref["windows"].items()},
         "compared": {"tables": list(TABLES), "left_out_columns": sorted(VOLATILE),
-                     "float_tolerance": {"rtol": RTOL, "atol": ATOL}},
+                     "float_tolerance": {"rtol": RTOL, "atol": ATOL},
+                     "experiment": "every per-seed cell's metrics (run ids, paths, seconds left out)"},
         "runs": [{k: v for k, v in r.items() if k != "differences"} for r in runs],
+        "experiment_runs": [{k: v for k, v in r.items() if k != "differences"} for r in exp_runs],
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(summary, indent=2, default=str) + "\n")

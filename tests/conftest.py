@@ -46,6 +46,14 @@ def fresh_cfg(erg_home, request):
     return load_config("test", [f"tables.schema={schema}", f"sample.dir={sample_dir}"])
 
 
+def pytest_collection_modifyitems(config, items):
+    """Every test that uses the Spark session is marked ``spark`` (whether or not its module says so): the quick loop
+    ``pytest -m "not spark"`` never starts one."""
+    for item in items:
+        if "spark" in getattr(item, "fixturenames", ()) and item.get_closest_marker("spark") is None:
+            item.add_marker(pytest.mark.spark)
+
+
 def shared_data(*parts: str) -> Path:
     """A path under ../shared/data, or skip the test with a clear message when the data is absent."""
     path = SHARED_DATA.joinpath(*parts)

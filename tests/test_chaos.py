@@ -2,6 +2,7 @@
 every stage, and a process group is really killed. (The two-kill run is tests/test_pipeline_spark.py.)"""
 from __future__ import annotations
 
+import json
 import sys
 
 import numpy as np
@@ -83,3 +84,51 @@ def test_run_and_kill_kills_the_process_group(tmp_path):
     assert banners(log.read_text()) == ["ingest", "extract"]
     done = run_and_kill([sys.executable, "-c", "print('1/5 ingest')"], {}, tmp_path / "done.log", stage="generate")
     assert not done["killed"] and done["rc"] == 0
+
+
+def test_windows_shrink_to_what_a_run_saw():
+    from benchmarks.chaos import observed_windows
+
+    seen = observed_windows({"ingest": 1.0, "extract": 10.0, "embed": 40.0})
+    assert seen == {"ingest": 9.0, "extract": 30.0}  # embed never ended in that run: no window for it
+
+
+def test_compare_experiments_by_cell_and_seed():
+    from benchmarks.chaos import compare_experiments
+
+    def cell(seed, cider, run_id="r1"):
+        return {"style": "humor", "captioner": "nic", "variant": "augmented", "seed": seed, "cider": cider,
+                "cls": 0.5, "run_id": run_id, "train_seconds": 12.0}
+
+    ref = {"seed_rows": [cell(23, 0.31), cell(24, 0.33)]}
+    assert compare_experiments(ref, {"seed_rows": [cell(24, 0.33, "r9"), cell(23, 0.31 + 1e-9, "r8")]}) == []
+    diffs = compare_experiments(ref, {"seed_rows": [cell(23, 0.35)]})
+    assert {d["kind"] for d in diffs} == {"cells missing after the rerun", "values differ"}
+    assert [d["columns"] for d in diffs if d["kind"] == "values differ"] == [["cider"]]
+
+
+def test_registry_check_finds_an_alias_naming_a_half_written_model(tmp_path):
+    from mlflow import MlflowClient
+
+    from benchmarks.chaos import registry_check
+
+    home = tmp_path / "home"
+    uri = f"sqlite:///{home / 'mlflow.db'}"
+    home.mkdir()
+    client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+    for name, weights in (("erg_generator", True), ("erg_style_classifier", False)):
+        folder = home / "models" / name
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text("{}")
+        if weights:
+            (folder / "model.safetensors").write_bytes(b"0")
+        record = home / "models" / f"{name}.record.json"
+        record.write_text(json.dumps({"path": str(folder), "version": "v1"}))
+        client.create_registered_model(name)
+        version = client.create_model_version(name, source=folder.as_uri()).version
+        client.set_model_version_tag(name, version, "erg.record", str(record))
+        client.set_registered_model_alias(name, "current", version)
+    result = registry_check(home)
+    assert result["aliases"] == 2
+    assert [b["model"] for b in result["broken"]] == ["erg_style_classifier"]
+    assert result["broken"][0]["paths"] == ["<home>/models/erg_style_classifier"]
