@@ -21,7 +21,7 @@ Writes ``--out`` (default ``benchmarks/results/chaos.json``)::
     {"kills": N, "stages_hit": [...], "identical": K, "differences": [...], "command": "...", "runs": [...], ...}
 
 ``identical`` counts the kills whose tables all equal the reference's; ``differences`` lists what differed (table,
-kind, column, count, examples). One run on the local sample takes minutes; N >= 10 takes about an hour on 2 cores:
+kind, column, count, examples):
 
     python benchmarks/chaos.py --kills 10 --conf local --work .erg-chaos
     python benchmarks/chaos.py --kills 2 --conf test --work .erg-chaos-test --out /tmp/chaos.json   # a quick check
