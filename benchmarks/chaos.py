@@ -28,7 +28,7 @@ Writes ``--out`` (default ``benchmarks/results/chaos.json``)::
      "command": "...", "runs": [...], "experiment_runs": [...], ...}
 
 ``identical`` counts the kills whose tables (or experiment cells) all equal the reference's; ``differences`` lists
-what differed. One run on the local sample takes minutes; the default plan takes hours on 2 cores:
+what differed:
 
     python benchmarks/chaos.py --kills 12 --experiment-kills 2 --conf local --work .erg-chaos
     python benchmarks/chaos.py --kills 2 --min-per-stage 0 --experiment-kills 1 --conf test --work .erg-chaos-test \

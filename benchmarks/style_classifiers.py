@@ -15,8 +15,8 @@ Splits follow the paper (Sect. 4.1) as ``erg ingest`` does: FlickrStyle10K's 7,0
 rest val, the others train (seeded); SentiCap keeps its test split, 100 train images per polarity go to val. The
 factual captions are the factual corpus P (COCO Karpathy references of images outside SentiCap) plus the Flickr30K
 captions of FlickrStyle train images; factual captions of FlickrStyle val/test images and of COCO images hashed into
-the held-out 10% are held out for testing. Each part is one command (a few minutes on 2 CPU cores) and merges its
-result, with the command that made it, into the JSON:
+the held-out 10% are held out for testing. Each part is one command and merges its result, with the command that
+made it, into the JSON:
 
     python benchmarks/style_classifiers.py --part probe
     python benchmarks/style_classifiers.py --part finetune --styles humor romantic

@@ -23,7 +23,7 @@ and labels), from which the seed's cosine is recovered exactly: ``r = (log BR / 
    and, when an ``augmented_captions`` Delta table is given (``--augmented``), the drop from each factual caption
    to its generated caption.
 
-    python benchmarks/visual_relatedness.py                      # all parts, ~7 min on 2 CPU cores
+    python benchmarks/visual_relatedness.py                      # all parts
     python benchmarks/visual_relatedness.py --part metrics
 
 Each part merges its result, with the command that made it, into ``benchmarks/results/visual_relatedness.json``.

@@ -314,8 +314,7 @@ def replace_hits(spark: SparkSession, cfg: ErgConfig, hits: DataFrame, searched:
     inserted, moved ones re-ranked, and their rows that are no longer hits deleted (a stale rank never stays);
     one MERGE, so a rerun changes nothing. Where no searched query holds a row yet (a first retrieval; with
     ``few``, searched queries held in memory, new captions) the hits are appended instead: the MERGE would join the
-    whole table to find nothing (27 s of an incremental run at 1M). A rerun after a crash finds the appended rows
-    and MERGEs."""
+    whole table to find nothing. A rerun after a crash finds the appended rows and MERGEs."""
     stored = (read_table(spark, cfg, "retrievals").where(F.col("encoder_version") == encoder_version)
               .where(F.col("retrieval_type").isin(list(cfg.retrieve.types))))
     kept = stored.join(searched.select("query_id"), "query_id", "left_semi")

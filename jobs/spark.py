@@ -67,11 +67,11 @@ def session_settings(cfg: ErgConfig) -> dict[str, str]:
         "spark.ui.showConsoleProgress": str(cfg.spark.show_progress).lower(),
         "spark.databricks.delta.schema.autoMerge.enabled": "false",
         # Delta rebuilds a table's log state (snapshot, file listing) in 50 tasks by default: on a few local cores
-        # that was most of a small job's time (a 100K incremental retrieval: 33 s of snapshot stages at 50, 9 s
-        # at 2). Our tables are few files (auto compaction), so their log state is small.
+        # that was most of a small job's time. Our tables are few files (auto compaction), so their log state is
+        # small.
         "spark.databricks.delta.snapshotPartitions": "2",
         # auto compaction rewrites files under this size (default: half its 128 MB target). At half, a 6M-row
-        # retrievals file of 38 MB was rewritten after every small incremental append (14 s at 1M)
+        # retrievals file of 38 MB was rewritten after every small incremental append
         "spark.databricks.delta.autoCompact.minFileSize": str(16 * 1024 * 1024),
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         "spark.python.worker.reuse": "true",

@@ -250,7 +250,7 @@ def apply_changes(spark: SparkSession, cfg: ErgConfig, table: str, changes: Data
         raise ValueError(f"changes for {table} need an _action column ('upsert' or 'delete')")
     typed = [F.col(f.name).cast(f.dataType).alias(f.name) for f in spec.schema.fields]
     # computed once, here: the MERGE plans its source again without the session's cached DataFrames, so a source
-    # built on a persisted one (the new scenes' hits) was recomputed from its search (29 of a 38 s MERGE at 100K)
+    # built on a persisted one (the new scenes' hits) was recomputed from its search
     source = changes.select(*typed, "_action").dropDuplicates(list(spec.keys)).localCheckpoint(eager=True)
     if source.count() <= MERGE_BROADCAST_MAX_ROWS:  # the MERGE's scan for the files it touches: no table shuffle
         source = F.broadcast(source)

@@ -436,7 +436,7 @@ class MergeConstraint(LogitsProcessor):
     ``contiguous[i]``: input i's phrase is a trailing clause (see models.phrase_transfer), written as one block
     after the whole content, where FlickrStyle writes its style ("a dog runs on the beach searching for bones"). A
     block the model placed mid-caption read as broken ("a man holding a boy upside down on top of dreams of olympic
-    greatness park") and the filters passed it (benchmarks/results/table2 of b6559a1).
+    greatness park") and the filters passed it.
     """
 
     def __init__(self, contents: Sequence[Sequence[int]], phrases: Sequence[Sequence[int]], offset: int, beams: int,
