@@ -226,3 +226,22 @@ def test_the_schema_holds_the_full_fidelity_defaults(monkeypatch):
     cfg = schema_defaults()
     assert cfg.home == "/tmp/erg-schema-home" and cfg.sample.dir == "/tmp/erg-schema-home/sample"
     assert cfg.spark.master == "local[3]"
+
+
+@pytest.mark.parametrize("name", ["local", "test", "databricks", "conf/shared_data.yaml"])
+def test_decoding_and_filter_options_are_the_typed_sections(name, monkeypatch):
+    """The generator's keyword arguments and the filter thresholds come from their conf sections whole: each key,
+    with its value, once."""
+    from jobs.generate import decoding_options, filter_options
+
+    monkeypatch.setenv("ERG_HOME", "/tmp/erg-conf-test")
+    cfg = load_config(name, ["generate.decoding.max_new_tokens=33", "generate.filters.max_relatedness_drop=null"])
+    d, f = cfg.generate.decoding, cfg.generate.filters
+    assert decoding_options(cfg) == {
+        "strategy": d.strategy, "num_beams": d.num_beams, "top_p": d.top_p, "temperature": d.temperature,
+        "max_new_tokens": 33, "batch_size": d.batch_size, "seed": cfg.generate.generator.seed,
+        "no_repeat_ngram_size": d.no_repeat_ngram_size, "repetition_penalty": d.repetition_penalty,
+        "constraint": d.constraint, "fast": d.fast}
+    assert filter_options(cfg) == {"ppl_max": f.ppl_max, "min_similarity": f.min_similarity,
+                                   "min_content_similarity": f.min_content_similarity, "well_formed": f.well_formed,
+                                   "max_relatedness_drop": None}
