@@ -239,7 +239,7 @@ def fit_fluency(spark: SparkSession, cfg: ErgConfig, train: pd.DataFrame, pairs:
                            "generate.filters.fluency.enabled=false or ingest a val split")
     p_val = fluency_probability(clf, val, cfg.extract.batch_size)
     threshold = choose_threshold(p_val, f.real_pass)
-    texts, labels, _ = fluency_examples(val, pairs["style_phrase"].tolist(), seed=f.seed + 1)
+    texts, labels, _ = fluency_examples(val, pairs["style_phrase"].tolist(), seed=f.seed + 1, max_examples=None)
     broken = [t for t, label in zip(texts, labels) if label == BROKEN]
     p_broken = fluency_probability(clf, broken, cfg.extract.batch_size)
     path = str(clf.save(out_dir / "fluency"))
