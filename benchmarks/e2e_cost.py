@@ -3,9 +3,9 @@
 For each factual corpus size (default 1K, 10K, 100K captions) the generated sample is written into a fresh schema
 (its tables, models, watermarks and sample folder under the benchmark home are removed first), then:
 
-1. the full pipeline ``run_pipeline(spark, cfg)`` (ingest -> extract -> embed -> retrieve -> generate) is timed by
+1. the full pipeline ``jobs.run(spark, cfg)`` (ingest -> extract -> embed -> retrieve -> generate) is timed by
    the wall clock around it and by the ``stage_seconds.<stage>`` metrics it logs on its parent MLflow run;
-2. ``run_pipeline(spark, cfg, incremental=True)`` is run again with nothing new and timed the same way.
+2. ``jobs.run(spark, cfg, incremental=True)`` is run again with nothing new and timed the same way.
 
 Only the factual corpus grows: the number of images (``--images``) and ``sample.stylized_per_style`` stay fixed, so
 with the sample's fixed seed the stylized captions, the images and their scenes are the same bytes at every size;
@@ -39,7 +39,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from jobs.config import ErgConfig, load_config  # noqa: E402
-from jobs.pipeline import STAGES, run_pipeline  # noqa: E402
+import jobs  # noqa: E402
+from jobs.pipeline import STAGES  # noqa: E402
 from jobs.sample import write_sample  # noqa: E402
 
 TOTAL = "total (wall)"
@@ -97,11 +98,12 @@ def fresh_schema(cfg: ErgConfig) -> None:
 
 
 def timed_run(spark, cfg: ErgConfig, incremental: bool) -> dict[str, Any]:
-    """One ``run_pipeline``: wall seconds, the stage seconds from its parent MLflow run, and each stage's counts."""
+    """One ``jobs.run`` (``erg run``): wall seconds, the stage seconds from its parent MLflow run, and each stage's
+    counts."""
     import mlflow
 
     started = time.perf_counter()
-    results = run_pipeline(spark, cfg, incremental=incremental)
+    results = jobs.run(spark, cfg, incremental=incremental)
     wall = time.perf_counter() - started
     metrics = mlflow.get_run(results["parent_run_id"]).data.metrics
     stage_s = {stage: metrics[f"stage_seconds.{stage}"] for stage in STAGES}
@@ -197,7 +199,7 @@ def main() -> None:
         write_sample(warmup)
         get_spark(warmup)
         print(f"\n## warm-up: {args.sizes[0]:,} factual captions in schema e2e_warmup, not measured", file=sys.stderr)
-        run_pipeline(spark, warmup)
+        jobs.run(spark, warmup)
     measured: dict[int, dict[str, Any]] = {}
     for size, cfg in configs.items():
         sample = write_sample(cfg)

@@ -217,7 +217,9 @@ def main() -> None:
 
     samples: dict[str, pd.DataFrame] = {}
     results: dict[str, dict] = {}
-    common = {"max_new_tokens": decoding.max_new_tokens, "batch_size": decoding.batch_size}
+    # what a variant does not set is generate's plain decoding: fixed seed, no n-gram block, no penalty, plain path
+    common = {"max_new_tokens": decoding.max_new_tokens, "batch_size": decoding.batch_size, "seed": 0,
+              "no_repeat_ngram_size": 0, "repetition_penalty": 1.0, "fast": False}
 
     # 1. the run's generator (the default) under each decoding
     g = cfg.generate.generator
@@ -232,7 +234,7 @@ def main() -> None:
         "word_level_free": {"strategy": "greedy", "no_repeat_ngram_size": 3, "repetition_penalty": 1.2},
     }
     for name, options in variants.items():
-        results[name] = evaluate(name, lambda p, c, o=options: generate(word, p, c, **common, **o),
+        results[name] = evaluate(name, lambda p, c, o=options: generate(word, p, c, **{**common, **o}),
                                  {"decoding": options, "training": trained})
 
     # 2. today's GPT-2 over a corpus BPE, built from a config and trained here
@@ -252,7 +254,7 @@ def main() -> None:
     for name, options in {"gpt2_bpe": {"strategy": "greedy"},
                           "gpt2_bpe_norepeat": {"strategy": "greedy", "no_repeat_ngram_size": 3,
                                                 "repetition_penalty": 1.2}}.items():
-        results[name] = evaluate(name, lambda p, c, o=options: generate(bpe, p, c, **common, **o),
+        results[name] = evaluate(name, lambda p, c, o=options: generate(bpe, p, c, **{**common, **o}),
                                  {"decoding": options, "training": bpe_training})
 
     # 3. BERT2BERT warm-started from MiniLM, on a training budget
@@ -264,7 +266,8 @@ def main() -> None:
               epochs=1, batch_size=16, lr=5e-5, seed=g.seed)
     b2b_training = {"train_pairs": len(budget), "epochs": 1, "seconds": time.perf_counter() - start}
     options = {"strategy": "greedy", "no_repeat_ngram_size": 3, "repetition_penalty": 1.2}
-    results["bert2bert_minilm"] = evaluate("bert2bert_minilm", lambda p, c: generate(b2b, p, c, **common, **options),
+    results["bert2bert_minilm"] = evaluate("bert2bert_minilm", lambda p, c: generate(b2b, p, c, **{**common,
+                                                                                                   **options}),
                                            {"decoding": options, "training": b2b_training})
 
     # 4. the graft baseline

@@ -102,15 +102,15 @@ def real_captions(limit: int) -> tuple[list[str], list[str], str]:
             lines = (flickr / name).read_bytes().decode(encoding, errors="replace").splitlines()
             scenes += [line.strip() for line in lines if line.strip()]
         return queries, scenes, f"{coco} (queries), {flickr} humor + romantic (scenes)"
-    from jobs.sample import _factual, _scene, HUMOR_PHRASES, ROMANTIC_PHRASES
+    from jobs.sample import HUMOR_PHRASES, ROMANTIC_PHRASES, factual_caption, sample_scene
     import random
 
     rng = random.Random(0)
-    scenes_ = [_scene(i, rng) for i in range(600)]
-    queries = [_factual(rng, s["subject"], s["action"], s["place"], s["color"]) for s in scenes_ for _ in range(
+    scenes_ = [sample_scene(i, rng) for i in range(600)]
+    queries = [factual_caption(rng, s["subject"], s["action"], s["place"], s["color"]) for s in scenes_ for _ in range(
         max(1, limit // 600))][:limit]
-    scenes = [f"{_factual(rng, s['subject'], s['action'], s['place'], s['color'])} {rng.choice(HUMOR_PHRASES + ROMANTIC_PHRASES)}"
-              for s in scenes_]
+    scenes = [f"{factual_caption(rng, s['subject'], s['action'], s['place'], s['color'])} "
+              f"{rng.choice(HUMOR_PHRASES + ROMANTIC_PHRASES)}" for s in scenes_]
     return queries, scenes, "the generated sample's templates (../shared/data is absent)"
 
 
@@ -413,9 +413,7 @@ def warm_up(args, master: str, size: int) -> None:
     """Ingest, embed and retrieve ``size`` factual captions in a schema of their own, not measured: the session's
     first jobs load classes and start Python workers, which a measured step must not pay for."""
     from benchmarks.e2e_cost import fresh_schema as fresh
-    from jobs.embed import embed
-    from jobs.ingest import ingest
-    from jobs.retrieve import retrieve
+    import jobs
     from jobs.sample import write_sample
     from jobs.spark import get_spark
 
@@ -424,15 +422,13 @@ def warm_up(args, master: str, size: int) -> None:
     write_sample(warm)
     spark = get_spark(warm)
     print(f"## warm-up on {size:,} factual captions (not measured)", file=sys.stderr)
-    for job in (ingest, embed, retrieve):
+    for job in (jobs.ingest, jobs.embed, jobs.retrieve):
         job(spark, warm)
 
 
 def part_sizes(args, master: str) -> tuple[dict, dict]:
     from benchmarks.e2e_cost import fresh_schema as fresh
-    from jobs.embed import embed
-    from jobs.ingest import ingest
-    from jobs.retrieve import retrieve
+    import jobs
     from jobs.sample import write_sample
     from jobs.spark import get_spark
     from jobs.tables import read_table
@@ -448,18 +444,18 @@ def part_sizes(args, master: str) -> tuple[dict, dict]:
         print(f"## {n:,} factual captions", file=sys.stderr)
         write_sample(cfg)
         get_spark(cfg)
-        counts, ingest_s = timed("ingest", lambda: ingest(spark, cfg))
+        counts, ingest_s = timed("ingest", lambda: jobs.ingest(spark, cfg))
         if n in args.copy_vectors_at and previous is not None:
             copied, copy_s = timed("factual vectors copied by caption text", lambda: copy_factual_vectors(
                 spark, cfg, previous))
-            embedded, embed_s = timed("embed (scenes and images)", lambda: embed(spark, cfg))
+            embedded, embed_s = timed("embed (scenes and images)", lambda: jobs.embed(spark, cfg))
             embed_s += copy_s
             vectors = f"factual vectors copied by caption text from the {previous.tables.schema_name} run " \
                       f"({copied:,} rows); scenes and images by the embed UDF ({embedded['encoded']:,} items)"
         else:
-            embedded, embed_s = timed("embed", lambda: embed(spark, cfg))
+            embedded, embed_s = timed("embed", lambda: jobs.embed(spark, cfg))
             vectors = f"embed UDF ({embedded['encoded']:,} items)"
-        hits, retrieve_s = timed("retrieve", lambda: retrieve(spark, cfg))
+        hits, retrieve_s = timed("retrieve", lambda: jobs.retrieve(spark, cfg))
         factual = read_table(spark, cfg, "factual_captions").count()
         out[str(n)] = {"factual_captions": factual, "ingest_s": ingest_s, "embed_s": embed_s,
                        "retrieve_s": retrieve_s, "vectors": vectors, "embed_encoded": embedded["encoded"],
@@ -488,7 +484,7 @@ def one_percent_new(cfg, factual_now: int) -> tuple[list, int, int]:
     import random
 
     from jobs.config import IngestSource
-    from jobs.sample import HUMOR_PHRASES, _factual, _scene
+    from jobs.sample import HUMOR_PHRASES, factual_caption, sample_scene
 
     root = Path(cfg.sample.dir) / "new"
     root.mkdir(parents=True, exist_ok=True)
@@ -497,8 +493,8 @@ def one_percent_new(cfg, factual_now: int) -> tuple[list, int, int]:
     styled, unstyled = images[:cfg.sample.stylized_per_style], images[cfg.sample.stylized_per_style:]
 
     def text(name: str) -> str:
-        scene = _scene(int(name.split("_")[0]) - 1000000, rng)
-        return _factual(rng, scene["subject"], scene["action"], scene["place"], scene["color"])
+        scene = sample_scene(int(name.split("_")[0]) - 1000000, rng)
+        return factual_caption(rng, scene["subject"], scene["action"], scene["place"], scene["color"])
 
     n_factual = max(1, factual_now // 100)
     lines = [f"{unstyled[k % len(unstyled)]}#{100000 + k}\t{text(unstyled[k % len(unstyled)])} at dusk number {k} ."
@@ -518,9 +514,7 @@ def one_percent_new(cfg, factual_now: int) -> tuple[list, int, int]:
 
 
 def part_incremental(args, master: str, sizes_result: dict) -> dict:
-    from jobs.embed import embed
-    from jobs.ingest import ingest
-    from jobs.retrieve import retrieve
+    import jobs
     from jobs.sample import sample_sources
     from jobs.spark import get_spark
 
@@ -537,9 +531,9 @@ def part_incremental(args, master: str, sizes_result: dict) -> dict:
     spark = get_spark(cfg)
     extra, n_factual, n_stylized = one_percent_new(cfg, full["factual_captions"])
     print(f"## incremental: {n_factual} new factual, {n_stylized} new stylized captions on {size:,}", file=sys.stderr)
-    counts, ingest_s = timed("ingest", lambda: ingest(spark, cfg, sample_sources(cfg) + extra))
-    embedded, embed_s = timed("embed", lambda: embed(spark, cfg))
-    hits, retrieve_s = timed("retrieve (incremental)", lambda: retrieve(spark, cfg, incremental=True))
+    counts, ingest_s = timed("ingest", lambda: jobs.ingest(spark, cfg, sample_sources(cfg) + extra))
+    embedded, embed_s = timed("embed", lambda: jobs.embed(spark, cfg))
+    hits, retrieve_s = timed("retrieve (incremental)", lambda: jobs.retrieve(spark, cfg, incremental=True))
     full_s = full["ingest_s"] + full["embed_s"] + full["retrieve_s"]
     new_s = ingest_s + embed_s + retrieve_s
     print(f"incremental / full: {new_s / full_s:.3f}", file=sys.stderr)

@@ -107,12 +107,12 @@ def main() -> None:
         # the run's own command stays in "command"; this one only rendered its logged result again
         result["rendered_by"] = " ".join(shlex.quote(a) for a in ["python", "benchmarks/table2.py", *sys.argv[1:]])
     else:
-        from jobs.experiment import run_experiment
+        import jobs
         from jobs.spark import get_spark
 
         command = " ".join(shlex.quote(a) for a in ["python", "benchmarks/table2.py", *sys.argv[1:]])
         home = os.environ.get("ERG_HOME")
-        result = run_experiment(get_spark(cfg), cfg, command=(f"ERG_HOME={home} " if home else "") + command)
+        result = jobs.experiment(get_spark(cfg), cfg, command=(f"ERG_HOME={home} " if home else "") + command)
     paths = write_results(result, args.out)
     print(json.dumps({**paths, "not_measured": result["not_measured"], "leakage": result["leakage"]}, indent=2))
 

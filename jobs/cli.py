@@ -111,14 +111,9 @@ def cmd_experiment(cfg, args) -> dict:
 
 def cmd_sql(cfg, args) -> None:
     from jobs.spark import get_spark
-    from jobs.sql_access import check_read_only, run_write
+    from jobs.sql_access import sql
 
-    spark = get_spark(cfg)
-    if args.write:
-        df = run_write(spark, cfg, args.query)
-    else:
-        check_read_only(spark, args.query)  # refused before Spark runs it
-        df = spark.sql(args.query)
+    df = sql(get_spark(cfg), cfg, args.query, write=args.write)  # a write without --write is refused before it runs
     if args.json:
         for row in df.limit(args.limit).collect():
             print(json.dumps(row.asDict(recursive=True), default=str))

@@ -239,7 +239,7 @@ def fit_fluency(spark: SparkSession, cfg: ErgConfig, train: pd.DataFrame, pairs:
                            "generate.filters.fluency.enabled=false or ingest a val split")
     p_val = fluency_probability(clf, val, cfg.extract.batch_size)
     threshold = choose_threshold(p_val, f.real_pass)
-    texts, labels, _ = fluency_examples(val, pairs["style_phrase"].tolist(), seed=f.seed + 1)
+    texts, labels, _ = fluency_examples(val, pairs["style_phrase"].tolist(), seed=f.seed + 1, max_examples=None)
     broken = [t for t, label in zip(texts, labels) if label == BROKEN]
     p_broken = fluency_probability(clf, broken, cfg.extract.batch_size)
     path = str(clf.save(out_dir / "fluency"))
@@ -325,19 +325,15 @@ def candidates(spark: SparkSession, cfg: ErgConfig, generator_version: str):
 
 
 def decoding_options(cfg: ErgConfig) -> dict:
-    """:func:`models.generator.generate`'s keyword arguments from ``generate.decoding``."""
-    d = cfg.generate.decoding
-    return {"strategy": d.strategy, "num_beams": d.num_beams, "top_p": d.top_p, "temperature": d.temperature,
-            "max_new_tokens": d.max_new_tokens, "batch_size": d.batch_size, "seed": cfg.generate.generator.seed,
-            "no_repeat_ngram_size": d.no_repeat_ngram_size, "repetition_penalty": d.repetition_penalty,
-            "constraint": d.constraint, "fast": d.fast}
+    """:func:`models.generator.generate`'s keyword arguments: every key of ``generate.decoding``, and the
+    generator's seed."""
+    return {**cfg.generate.decoding.model_dump(), "seed": cfg.generate.generator.seed}
 
 
 def filter_options(cfg: ErgConfig) -> dict:
-    f = cfg.generate.filters
-    return {"ppl_max": f.ppl_max, "min_similarity": f.min_similarity,
-            "min_content_similarity": f.min_content_similarity, "well_formed": f.well_formed,
-            "max_relatedness_drop": f.max_relatedness_drop}
+    """The thresholds of generate's filters: every scalar key of ``generate.filters`` (the fluency discriminator's
+    section is applied on its own, see :func:`score_generated`)."""
+    return cfg.generate.filters.model_dump(exclude={"fluency"})
 
 
 def content_encoder_name(cfg: ErgConfig) -> str:

@@ -41,7 +41,8 @@ def _article(word: str) -> str:
     return "an" if word[0] in "aeiou" else "a"
 
 
-def _factual(rng: random.Random, subject: str, action: tuple[str, str], place: str, color: str) -> str:
+def factual_caption(rng: random.Random, subject: str, action: tuple[str, str], place: str, color: str) -> str:
+    """A factual caption of a sample scene, one of its templates drawn by ``rng`` (the benchmarks use it too)."""
     ing, verb = action
     templates = [
         f"{_article(subject)} {subject} is {ing} on the {place}",
@@ -53,7 +54,8 @@ def _factual(rng: random.Random, subject: str, action: tuple[str, str], place: s
     return rng.choice(templates)
 
 
-def _scene(index: int, rng: random.Random) -> dict:
+def sample_scene(index: int, rng: random.Random) -> dict:
+    """The ``index``-th sample scene: its subject, action and place (by the index) and colour (drawn by ``rng``)."""
     subject = SUBJECTS[index % len(SUBJECTS)]
     action = ACTIONS[(index // len(SUBJECTS)) % len(ACTIONS)]
     place = PLACES[(index * 7 + index // 3) % len(PLACES)]
@@ -88,7 +90,7 @@ def write_sample(cfg: ErgConfig) -> dict:
     n_flickr = sc.n_images // 2
     images = []
     for i in range(sc.n_images):
-        scene = _scene(i, rng)
+        scene = sample_scene(i, rng)
         flickr = i < n_flickr
         name = f"{1000000 + i}_{rng.getrandbits(40):010x}.png" if flickr else f"COCO_val2014_{500000 + i:012d}.png"
         image_id = f"flickr30k:{1000000 + i}" if flickr else f"coco:{500000 + i}"
@@ -108,7 +110,7 @@ def write_sample(cfg: ErgConfig) -> dict:
     styled = flickr_imgs[:per_style]
     humor, romantic = [], []
     for im in styled:
-        base = _factual(rng, im["subject"], im["action"], im["place"], im["color"])
+        base = factual_caption(rng, im["subject"], im["action"], im["place"], im["color"])
         humor.append(f"{base} {rng.choice(HUMOR_PHRASES)} .")
         romantic.append(f"{base} {rng.choice(ROMANTIC_PHRASES)} .")
     names = [im["name"] for im in styled]
@@ -130,7 +132,7 @@ def write_sample(cfg: ErgConfig) -> dict:
     token_lines = []
     for im in flickr_imgs:
         for k in range(per_image):
-            token_lines.append(f"{im['name']}#{k}\t{_factual(rng, im['subject'], im['action'], im['place'], im['color'])} .")
+            token_lines.append(f"{im['name']}#{k}\t{factual_caption(rng, im['subject'], im['action'], im['place'], im['color'])} .")
     if sc.bad_rows:
         token_lines.insert(3, "this line has no image key and no tab")
     (root / "flickrstyle10k" / "factual_train.txt").write_text("\n".join(token_lines) + "\n")
@@ -159,7 +161,7 @@ def write_sample(cfg: ErgConfig) -> dict:
     for im in coco_imgs:
         for _ in range(per_image):
             annotations.append({"id": ann_id, "image_id": int(im["image_id"].split(":")[1]),
-                                "caption": _factual(rng, im["subject"], im["action"], im["place"], im["color"])})
+                                "caption": factual_caption(rng, im["subject"], im["action"], im["place"], im["color"])})
             ann_id += 1
     if sc.bad_rows:
         annotations.append({"id": ann_id, "image_id": int(coco_imgs[0]["image_id"].split(":")[1]), "caption": " "})

@@ -111,3 +111,13 @@ def run_write(spark: SparkSession, cfg: ErgConfig, query: str):
                     **{f"version_after.{t}": v for t, v in after.items()}})
         mlflow.log_dict({"statement": query, "before": before, "after": after}, "sql_write.json")
         return result
+
+
+def sql(spark: SparkSession, cfg: ErgConfig, query: str, *, write: bool = False):
+    """``erg sql``: the result of ``query`` over the tables. Read-only unless ``write``: a statement that would
+    write or change state is refused before Spark runs it (:func:`check_read_only`); with ``write`` it runs and is
+    logged (:func:`run_write`)."""
+    if write:
+        return run_write(spark, cfg, query)
+    check_read_only(spark, query)
+    return spark.sql(query)

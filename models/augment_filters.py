@@ -51,9 +51,9 @@ def _numeric(df: pd.DataFrame, column: str) -> pd.Series:
         raise ValueError(f"column {column!r} must be numeric (NaN allowed): {err}") from err
 
 
-def apply_filters(df: pd.DataFrame, ppl_max: float, min_similarity: float,
-                  min_content_similarity: float | None = None, well_formed: bool = False,
-                  max_relatedness_drop: float | None = None, min_fluency: float | None = None) -> pd.DataFrame:
+def apply_filters(df: pd.DataFrame, ppl_max: float, min_similarity: float, *,
+                  min_content_similarity: float | None, well_formed: bool, max_relatedness_drop: float | None,
+                  min_fluency: float | None = None) -> pd.DataFrame:
     """A copy of ``df`` with ``passed_<filter>`` for every filter, ``passed`` (bool) and ``reject_reason`` (None if
     passed, else the failed filters joined by ',', e.g. "style,perplexity"; a malformed caption's reason says why,
     e.g. "well_formed:nonword:keyain").

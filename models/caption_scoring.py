@@ -187,8 +187,8 @@ def balanced_pairs(positives: Sequence[str], factual: Sequence[str], cap: Option
 
 
 def train_evaluation_classifiers(kind: str, positives: Mapping[str, Sequence[str]], factual: Sequence[str], *,
-                                 factual_label: str = "factual", name_or_path: str = "all-MiniLM-L6-v2",
-                                 max_length: int = 40, device: str = "auto", l2: float = 1e-3, epochs: int = 1,
+                                 name_or_path: str, max_length: int, factual_label: str = "factual",
+                                 device: str = "auto", l2: float = 1e-3, epochs: int = 1,
                                  batch_size: int = 32, lr: float = 2e-5, max_train_captions: Optional[int] = None,
                                  seed: int = 29,
                                  on_step: Optional[Callable[[str, int, dict], None]] = None) -> EvaluationClassifiers:

@@ -415,8 +415,8 @@ def _ban(logits: torch.Tensor, bans: list[tuple[int, int]]) -> None:
         logits[list(rows), list(cols)] = float("-inf")
 
 
-def greedy_decode(model: Captioner, features: torch.Tensor, style: str | Sequence[str], max_len: int = 20,
-                  region_padding_mask: torch.Tensor | None = None, no_repeat_ngram_size: int = 0) -> list[str]:
+def greedy_decode(model: Captioner, features: torch.Tensor, style: str | Sequence[str], *, max_len: int,
+                  no_repeat_ngram_size: int, region_padding_mask: torch.Tensor | None = None) -> list[str]:
     """Greedy captions for a batch of images in ``style`` (one style for all, or one per image).
 
     At most ``max_len`` tokens are generated per image (``<eos>`` included); ``<pad>``, ``<bos>`` and style tokens
@@ -459,10 +459,9 @@ def greedy_decode(model: Captioner, features: torch.Tensor, style: str | Sequenc
     return [vocab.decode(row) for row in tokens.tolist()]
 
 
-def beam_decode(model: Captioner, features: torch.Tensor, style: str | Sequence[str], beam_size: int = 5,
-                max_len: int = 20, length_penalty: float = 1.0,
-                region_padding_mask: torch.Tensor | None = None,
-                no_repeat_ngram_size: int = 0) -> list[list[tuple[str, float]]]:
+def beam_decode(model: Captioner, features: torch.Tensor, style: str | Sequence[str], *, max_len: int,
+                no_repeat_ngram_size: int, beam_size: int = 5, length_penalty: float = 1.0,
+                region_padding_mask: torch.Tensor | None = None) -> list[list[tuple[str, float]]]:
     """Beam search: for each image, up to ``beam_size`` distinct captions in ``style`` with their scores, best first.
 
     A caption's score is its summed token log-probability (``<eos>`` included when it ended) divided by

@@ -85,7 +85,7 @@ def corrupt(words: Sequence[str], kind: str, rng: random.Random, phrases: Sequen
     return out if out is not None and out != words else None
 
 
-def fluency_examples(captions: Sequence[str], phrases: Sequence[str], *, seed: int, max_examples: int | None = None
+def fluency_examples(captions: Sequence[str], phrases: Sequence[str], *, seed: int, max_examples: int | None
                      ) -> tuple[list[str], list[str], dict[str, int]]:
     """Training texts and labels: each real caption (fluent) and one corruption of another real caption (broken),
     the corruption kinds taken in turn; returns (texts, labels, corruptions per kind). Corruptions that equal a real

@@ -153,8 +153,9 @@ def load_generator(
     name_or_path: str | None = None,
     device: str = "auto",
     sep: str | None = None,
-    max_source_len: int = 128,
-    max_target_len: int = 64,
+    *,
+    max_source_len: int,
+    max_target_len: int,
 ) -> StyleGenerator:
     """Load a generator by Hugging Face name or local path (``None``: ``gpt2`` for causal, ``t5-small`` for seq2seq).
 
@@ -305,12 +306,13 @@ def fine_tune(
     style_phrases: Sequence[str],
     contents: Sequence[str],
     captions: Sequence[str],
+    *,
     epochs: int = 1,
-    batch_size: int = 16,
+    batch_size: int,
     lr: float = 5e-5,
     weight_decay: float = 0.0,
     max_grad_norm: float = 1.0,
-    seed: int = 0,
+    seed: int,
     on_step: StepCallback | None = None,
 ) -> FineTuneResult:
     """Fine-tune ``gen`` in place to rebuild each caption from its style phrase and content.
@@ -595,18 +597,19 @@ def generate(
     gen: StyleGenerator,
     style_phrases: Sequence[str],
     factual_captions: Sequence[str],
-    strategy: str = "greedy",
+    *,
+    strategy: str,
     num_beams: int = 4,
     top_p: float = 0.9,
     temperature: float = 1.0,
     max_new_tokens: int = 40,
-    batch_size: int = 32,
-    seed: int = 0,
-    no_repeat_ngram_size: int = 0,
-    repetition_penalty: float = 1.0,
+    batch_size: int,
+    seed: int,
+    no_repeat_ngram_size: int,
+    repetition_penalty: float,
     constraint: str = "none",
     contiguous: Sequence[bool] | None = None,
-    fast: bool = False,
+    fast: bool,
 ) -> list[str]:
     """Generate one stylized caption per "[retrieved phrase] [SEP] [factual caption]", in input order.
 
@@ -705,10 +708,11 @@ def create_generator_from_config(
     kind: str,
     tokenizer_corpus: Sequence[str],
     save_dir: str | Path,
-    vocab_size: int = 8000,
-    config_overrides: dict[str, Any] | None = None,
+    *,
+    vocab_size: int,
+    config_overrides: dict[str, Any] | None,
     sep: str = DEFAULT_SEP,
-    seed: int = 0,
+    seed: int,
 ) -> str:
     """Build an untrained generator (``init: config``) and save it; returns the folder ``load_generator`` takes.
 
@@ -734,7 +738,7 @@ def create_generator_from_config(
     return StyleGenerator(kind, model, tok, torch.device("cpu"), sep).save(save_dir)
 
 
-def create_bert2bert_from_minilm(save_dir: str | Path, encoder_path: str | None = None, seed: int = 0) -> str:
+def create_bert2bert_from_minilm(save_dir: str | Path, encoder_path: str | None = None, *, seed: int) -> str:
     """Build a seq2seq ``EncoderDecoderModel`` warm-started from MiniLM on both sides and save it; returns the folder.
 
     ``encoder_path`` defaults to the packaged all-MiniLM-L6-v2. The decoder reuses its BERT weights with causal
@@ -780,12 +784,13 @@ def _minilm_word_embeddings(words: Sequence[str], width: int, encoder_path: str 
 def create_word_level_generator(
     tokenizer_corpus: Sequence[str],
     save_dir: str | Path,
-    config_overrides: dict[str, Any] | None = None,
+    config_overrides: dict[str, Any] | None,
     min_frequency: int = 1,
     max_vocab: int | None = None,
     embeddings: str = "minilm",
     sep: str = DEFAULT_SEP,
-    seed: int = 0,
+    *,
+    seed: int,
 ) -> str:
     """Build an untrained GPT-2 over whole words (``init: word_level``) and save it; returns its folder.
 

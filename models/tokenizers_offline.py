@@ -42,7 +42,7 @@ def _sep_token() -> AddedToken:
 
 
 def train_gpt2_tokenizer(
-    corpus: Iterable[str], vocab_size: int = 8000, min_frequency: int = 2
+    corpus: Iterable[str], vocab_size: int, min_frequency: int = 2
 ) -> PreTrainedTokenizerFast:
     """Train a GPT-2 style byte-level BPE tokenizer on ``corpus`` (bos = eos = pad = ``<|endoftext|>``)."""
     texts = _check_corpus(corpus, vocab_size)
@@ -63,7 +63,7 @@ def train_gpt2_tokenizer(
     )
 
 
-def train_t5_tokenizer(corpus: Iterable[str], vocab_size: int = 8000) -> PreTrainedTokenizerFast:
+def train_t5_tokenizer(corpus: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
     """Train a T5 style Unigram tokenizer on ``corpus`` (pad 0, eos 1, unk 2; ``</s>`` appended on encode)."""
     texts = _check_corpus(corpus, vocab_size)
     tok = Tokenizer(models.Unigram())

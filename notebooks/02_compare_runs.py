@@ -11,14 +11,14 @@
 
 # COMMAND ----------
 
-from jobs.compare import compare
+import jobs
 
 dbutils.widgets.text("job", "generate", "job (tag erg.job)")
 dbutils.widgets.text("last", "2", "last runs of the job")
 dbutils.widgets.text("run_ids", "", "run ids, comma-separated (instead of job)")
 run_ids = [run_id.strip() for run_id in dbutils.widgets.get("run_ids").split(",") if run_id.strip()]
 job = None if run_ids else (dbutils.widgets.get("job").strip() or None)
-comparison = compare(cfg, run_ids or None, job, int(dbutils.widgets.get("last")))
+comparison = jobs.compare(cfg, run_ids or None, job, int(dbutils.widgets.get("last")))
 display(comparison.runs.reset_index())
 
 # COMMAND ----------

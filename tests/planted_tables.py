@@ -27,7 +27,7 @@ def set_current_scoring(cfg, stylized, factual, styles: list[str], generator_ver
     train = stylized[stylized["split"] == "train"]
     classifiers = train_evaluation_classifiers(
         "linear_probe", {s: train.loc[train["style"] == s, "caption"].tolist() for s in styles},
-        factual["caption"].tolist(), device="cpu", max_length=32)
+        factual["caption"].tolist(), device="cpu", max_length=32, name_or_path="all-MiniLM-L6-v2")
     folder = classifiers.save(model_dir(cfg, EVALUATION_CLASSIFIERS, "fixture"))
     set_current(cfg, EVALUATION_CLASSIFIERS, {"path": folder, "version": "fixture", "kind": "linear_probe",
                                               "styles": styles, "factual_label": "factual"})

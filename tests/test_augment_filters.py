@@ -10,6 +10,9 @@ import pytest
 
 from models.augment_filters import PAPER_MIN_SIMILARITY, PAPER_PPL_MAX, apply_filters, pass_rates
 
+#: the paper's three filters only (apply_filters takes the beyond-the-paper ones explicitly; generate passes its conf's)
+PAPER_ONLY = dict(min_content_similarity=None, well_formed=False, max_relatedness_drop=None)
+
 
 def every_combination() -> pd.DataFrame:
     """One row per (style ok, perplexity ok, similarity ok) combination, for both target styles."""
@@ -28,7 +31,7 @@ def every_combination() -> pd.DataFrame:
 
 
 def test_every_combination_of_pass_and_fail():
-    out = apply_filters(every_combination(), ppl_max=PAPER_PPL_MAX, min_similarity=PAPER_MIN_SIMILARITY)
+    out = apply_filters(every_combination(), ppl_max=PAPER_PPL_MAX, min_similarity=PAPER_MIN_SIMILARITY, **PAPER_ONLY)
     assert len(out) == 16
     for _, row in out.iterrows():
         style_ok, ppl_ok, sim_ok = row["expect"]
@@ -48,7 +51,7 @@ def test_missing_values_fail_with_a_reason():
         "perplexity": [np.nan, 10.0, 10.0, 10.0],
         "similarity": [0.9, 0.9, None, 0.9],
     })
-    out = apply_filters(df, ppl_max=80, min_similarity=0.6)
+    out = apply_filters(df, ppl_max=80, min_similarity=0.6, **PAPER_ONLY)
     assert out["reject_reason"].tolist() == ["perplexity", "style", "similarity", "style"]
     assert not out["passed"].any()
 
@@ -56,7 +59,7 @@ def test_missing_values_fail_with_a_reason():
 def test_input_frame_is_not_modified_and_index_is_kept():
     df = every_combination().set_index(pd.Index(range(100, 116)))
     before = df.copy()
-    out = apply_filters(df, ppl_max=50, min_similarity=0.5)
+    out = apply_filters(df, ppl_max=50, min_similarity=0.5, **PAPER_ONLY)
     pd.testing.assert_frame_equal(df, before)
     assert out.index.tolist() == list(range(100, 116))
     # Looser similarity, tighter perplexity: 0.6 now passes, 42 still passes, 80 still fails.
@@ -66,15 +69,15 @@ def test_input_frame_is_not_modified_and_index_is_kept():
 def test_thresholds_are_applied_as_passed_in():
     df = pd.DataFrame({"target_style": ["humor"] * 3, "predicted_style": ["humor"] * 3,
                        "perplexity": [30.0, 60.0, 90.0], "similarity": [0.7] * 3})
-    assert apply_filters(df, ppl_max=50, min_similarity=0.6)["passed"].tolist() == [True, False, False]
-    assert apply_filters(df, ppl_max=100, min_similarity=0.6)["passed"].tolist() == [True, True, True]
-    assert apply_filters(df, ppl_max=100, min_similarity=0.7)["passed"].tolist() == [False, False, False]
+    assert apply_filters(df, ppl_max=50, min_similarity=0.6, **PAPER_ONLY)["passed"].tolist() == [True, False, False]
+    assert apply_filters(df, ppl_max=100, min_similarity=0.6, **PAPER_ONLY)["passed"].tolist() == [True, True, True]
+    assert apply_filters(df, ppl_max=100, min_similarity=0.7, **PAPER_ONLY)["passed"].tolist() == [False, False, False]
 
 
 def test_pass_rates_per_style_and_overall():
     df = every_combination()
     df.loc[df["target_style"] == "romantic", "perplexity"] = 1.0  # every romantic row passes perplexity
-    out = apply_filters(df, ppl_max=80, min_similarity=0.6)
+    out = apply_filters(df, ppl_max=80, min_similarity=0.6, **PAPER_ONLY)
     rates = pass_rates(out)
     assert rates["target_style"].tolist() == ["humor", "romantic"]
     assert rates["n"].tolist() == [8, 8]
@@ -90,7 +93,7 @@ def test_pass_rates_per_style_and_overall():
 
 def test_empty_frame():
     df = every_combination().iloc[:0]
-    out = apply_filters(df, ppl_max=80, min_similarity=0.6)
+    out = apply_filters(df, ppl_max=80, min_similarity=0.6, **PAPER_ONLY)
     assert len(out) == 0 and "reject_reason" in out.columns
     assert len(pass_rates(out)) == 0
 
@@ -98,17 +101,17 @@ def test_empty_frame():
 def test_bad_input_is_rejected():
     df = every_combination()
     with pytest.raises(ValueError, match=r"lacks column\(s\) \['similarity'\]"):
-        apply_filters(df.drop(columns="similarity"), ppl_max=80, min_similarity=0.6)
+        apply_filters(df.drop(columns="similarity"), ppl_max=80, min_similarity=0.6, **PAPER_ONLY)
     with pytest.raises(ValueError, match="ppl_max must be a finite number"):
-        apply_filters(df, ppl_max=math.inf, min_similarity=0.6)
+        apply_filters(df, ppl_max=math.inf, min_similarity=0.6, **PAPER_ONLY)
     with pytest.raises(ValueError, match="min_similarity must be a finite number"):
-        apply_filters(df, ppl_max=80, min_similarity="0.6")
+        apply_filters(df, ppl_max=80, min_similarity="0.6", **PAPER_ONLY)
     with pytest.raises(ValueError, match="'perplexity' must be numeric"):
-        apply_filters(df.assign(perplexity="low"), ppl_max=80, min_similarity=0.6)
+        apply_filters(df.assign(perplexity="low"), ppl_max=80, min_similarity=0.6, **PAPER_ONLY)
     with pytest.raises(ValueError, match="run apply_filters first"):
         pass_rates(df)
     with pytest.raises(ValueError, match=r"lacks column\(s\) \['scene'\]"):
-        pass_rates(apply_filters(df, ppl_max=80, min_similarity=0.6), by=["scene"])
+        pass_rates(apply_filters(df, ppl_max=80, min_similarity=0.6, **PAPER_ONLY), by=["scene"])
 
 
 def test_visual_filter_margin_and_rows_without_visual_context():
@@ -118,27 +121,29 @@ def test_visual_filter_margin_and_rows_without_visual_context():
         "factual_relatedness": [0.80, 0.80, 0.80, np.nan, 0.70],
         "generated_relatedness": [0.66, 0.64, 0.95, 0.10, np.nan],
     })
-    out = apply_filters(df, ppl_max=80, min_similarity=0.6, max_relatedness_drop=0.15)
+    out = apply_filters(df, ppl_max=80, min_similarity=0.6, max_relatedness_drop=0.15, min_content_similarity=None,
+                        well_formed=False)
     # 0.14 below: passes; 0.16 below: drift; higher: passes; no visual context: passes; no generated score: fails
     assert out["passed_visual"].tolist() == [True, False, True, True, False]
     assert out["reject_reason"].tolist() == [None, "visual", None, None, "visual"]
-    off = apply_filters(df, ppl_max=80, min_similarity=0.6)
+    off = apply_filters(df, ppl_max=80, min_similarity=0.6, **PAPER_ONLY)
     assert off["passed_visual"].all() and off["passed"].all()
     rates = pass_rates(out, by=None)
     assert rates["pass_rate_visual"].iloc[0] == pytest.approx(0.6)
     with pytest.raises(ValueError, match="the visual filter needs them"):
         apply_filters(df.drop(columns="generated_relatedness"), ppl_max=80, min_similarity=0.6,
-                      max_relatedness_drop=0.1)
+                      max_relatedness_drop=0.1, min_content_similarity=None, well_formed=False)
     with pytest.raises(ValueError, match="max_relatedness_drop must be a finite number"):
-        apply_filters(df, ppl_max=80, min_similarity=0.6, max_relatedness_drop=float("nan"))
+        apply_filters(df, ppl_max=80, min_similarity=0.6, max_relatedness_drop=float("nan"),
+                      min_content_similarity=None, well_formed=False)
 
 
 def test_fluency_filter_keeps_captions_at_or_above_the_threshold():
     frame = pd.DataFrame({"target_style": ["humor"] * 4, "predicted_style": ["humor"] * 4,
                           "perplexity": [10.0] * 4, "similarity": [0.9] * 4, "fluency": [0.9, 0.5, 0.49, np.nan]})
-    out = apply_filters(frame, ppl_max=80, min_similarity=0.6, min_fluency=0.5)
+    out = apply_filters(frame, ppl_max=80, min_similarity=0.6, min_fluency=0.5, **PAPER_ONLY)
     assert out["passed_fluent"].tolist() == [True, True, False, False]  # a missing score fails
     assert out["reject_reason"].tolist() == [None, None, "fluent", "fluent"]
-    assert apply_filters(frame, ppl_max=80, min_similarity=0.6)["passed"].all()  # off: every row passes
+    assert apply_filters(frame, ppl_max=80, min_similarity=0.6, **PAPER_ONLY)["passed"].all()  # off: every row passes
     with pytest.raises(ValueError, match="fluency filter needs it"):
-        apply_filters(frame.drop(columns=["fluency"]), ppl_max=80, min_similarity=0.6, min_fluency=0.5)
+        apply_filters(frame.drop(columns=["fluency"]), ppl_max=80, min_similarity=0.6, min_fluency=0.5, **PAPER_ONLY)

@@ -49,9 +49,11 @@ def test_planted_broken_captions_fail_the_new_filters_that_the_paper_filters_pas
         "content_similarity": [0.7, 0.7, 0.7, 0.9, 0.2],
     })
     rows["well_formed_reason"] = [well_formedness(c, VOCAB) for c in rows["generated_caption"]]
-    paper_only = apply_filters(rows, ppl_max=80, min_similarity=0.6)
+    paper_only = apply_filters(rows, ppl_max=80, min_similarity=0.6, min_content_similarity=None, well_formed=False,
+                               max_relatedness_drop=None)
     assert paper_only["passed"].all()  # the paper's three filters let every planted caption through
-    out = apply_filters(rows, ppl_max=80, min_similarity=0.6, min_content_similarity=0.6, well_formed=True)
+    out = apply_filters(rows, ppl_max=80, min_similarity=0.6, min_content_similarity=0.6, well_formed=True,
+                        max_relatedness_drop=None)
     assert out["passed"].tolist() == [False, False, False, True, False]
     assert out["reject_reason"].tolist()[:3] == ["well_formed:nonword:keyain", "well_formed:nonword:ug",
                                                  "well_formed:nonword:wed"]
@@ -59,7 +61,8 @@ def test_planted_broken_captions_fail_the_new_filters_that_the_paper_filters_pas
     rates = pass_rates(out, by=None).iloc[0]
     assert rates["pass_rate_well_formed"] == pytest.approx(0.4) and rates["pass_rate_content"] == pytest.approx(0.8)
     with pytest.raises(ValueError, match="content filter needs it"):
-        apply_filters(rows.drop(columns="content_similarity"), 80, 0.6, min_content_similarity=0.6)
+        apply_filters(rows.drop(columns="content_similarity"), 80, 0.6, min_content_similarity=0.6, well_formed=False,
+                      max_relatedness_drop=None)
 
 
 def test_content_similarity_separates_a_merge_from_an_unrelated_caption():

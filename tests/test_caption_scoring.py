@@ -46,7 +46,7 @@ def test_fit_logistic_separates_and_balanced_pairs_are_seeded():
 def probes():
     positives = {"humor": corpus("humor", 24, 1), "positive": corpus("positive", 24, 2)}
     return train_evaluation_classifiers("linear_probe", positives, corpus("factual", 48, 3), device="cpu",
-                                        max_length=32, l2=1e-4)
+                                        max_length=32, l2=1e-4, name_or_path="all-MiniLM-L6-v2")
 
 
 def test_linear_probe_per_style_gets_obvious_cases_right(probes, tmp_path):
@@ -97,4 +97,4 @@ def test_finetune_kind_round_trips(tmp_path):
     np.testing.assert_allclose(again.style_probability(texts, ["humor"] * 2),
                                clfs.style_probability(texts, ["humor"] * 2), atol=1e-6)
     with pytest.raises(ValueError, match="kind must be one of"):
-        train_evaluation_classifiers("svm", {"humor": ["a"]}, ["b"])
+        train_evaluation_classifiers("svm", {"humor": ["a"]}, ["b"], name_or_path="all-MiniLM-L6-v2", max_length=40)

@@ -62,7 +62,7 @@ def test_updown_learns_to_caption_by_attending_to_regions(vocab: CaptionVocab) -
         optimizer.zero_grad()
         teacher_forcing_loss(model, features, tokens, vocab.pad_id).backward()
         optimizer.step()
-    assert greedy_decode(model, features, "humor", max_len=10) == CAPTIONS
+    assert greedy_decode(model, features, "humor", max_len=10, no_repeat_ngram_size=0) == CAPTIONS
 
 
 def test_scheduled_sampling_probability_rises_005_every_5_epochs() -> None:
@@ -214,7 +214,7 @@ def test_weighting_inserted_words_makes_the_captioner_write_the_style_phrase(tmp
                                 "source_column": "source_caption", "inserted_word_weight": weight})
         assert summary["inserted_words_weighted"] == (1 if weight != 1 else 0)
         written[weight] = greedy_decode(load_captioner(out), torch.tensor([[1.0, 0.0, 0.0, 0.0]]), "humor",
-                                        max_len=10)[0]
+                                        max_len=10, no_repeat_ngram_size=0)[0]
     assert written == {1.0: plain, 5.0: styled}
     with pytest.raises(ValueError, match="inserted_word_weight 3 needs source_column"):
         train_worker({"train_paths": [str(path)], "output_dir": str(tmp_path / "x"), "inserted_word_weight": 3})

@@ -71,7 +71,8 @@ def test_single_process_nic_learns_every_training_caption(train_file: str, proto
     model = load_captioner(tmp_path / "nic")
     features = torch.from_numpy(prototypes)
     for style in STYLE_WORDS:
-        assert greedy_decode(model, features, style, max_len=12) == [caption_of(s, style) for s in range(4)]
+        decoded = greedy_decode(model, features, style, max_len=12, no_repeat_ngram_size=0)
+        assert decoded == [caption_of(s, style) for s in range(4)]
 
 
 def test_single_process_transformer_over_regions(train_file: str, prototypes: np.ndarray, tmp_path: Path) -> None:
@@ -83,7 +84,8 @@ def test_single_process_transformer_over_regions(train_file: str, prototypes: np
     assert saved["kind"] == "transformer" and saved["feature_dim"] == FEATURE_DIM // 4
     model = load_captioner(tmp_path / "tf")
     regions = torch.from_numpy(prototypes).reshape(4, 4, FEATURE_DIM // 4)
-    decoded = greedy_decode(model, regions, ["humor", "romantic", "romantic", "humor"], max_len=12)
+    decoded = greedy_decode(model, regions, ["humor", "romantic", "romantic", "humor"], max_len=12,
+                            no_repeat_ngram_size=0)
     assert decoded == [caption_of(0, "humor"), caption_of(1, "romantic"), caption_of(2, "romantic"),
                        caption_of(3, "humor")]
 

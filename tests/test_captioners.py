@@ -115,16 +115,17 @@ def test_teacher_forcing_loss_matches_cross_entropy(vocab: CaptionVocab) -> None
 @pytest.mark.parametrize("kind", ["nic", "transformer"])
 def test_greedy_decode_batch_and_modes(kind: str, vocab: CaptionVocab) -> None:
     model = tiny(kind, vocab).train()
-    captions = greedy_decode(model, torch.randn(3, 8), ["humor", "romantic", "humor"], max_len=6)
+    captions = greedy_decode(model, torch.randn(3, 8), ["humor", "romantic", "humor"], max_len=6,
+                             no_repeat_ngram_size=0)
     assert len(captions) == 3 and model.training
     for caption in captions:
         words = caption.split()
         assert len(words) <= 6
         assert all(w in vocab.words or w == "<unk>" for w in words)
     with pytest.raises(ValueError, match="2 styles for 3 images"):
-        greedy_decode(model, torch.randn(3, 8), ["humor", "romantic"])
+        greedy_decode(model, torch.randn(3, 8), ["humor", "romantic"], no_repeat_ngram_size=0, max_len=20)
     with pytest.raises(ValueError, match="unknown style"):
-        greedy_decode(model, torch.randn(1, 8), "sad")
+        greedy_decode(model, torch.randn(1, 8), "sad", no_repeat_ngram_size=0, max_len=20)
 
 
 def fitted(kind: str, vocab: CaptionVocab) -> tuple[torch.nn.Module, torch.Tensor]:
@@ -143,9 +144,9 @@ def fitted(kind: str, vocab: CaptionVocab) -> tuple[torch.nn.Module, torch.Tenso
 @pytest.mark.parametrize("kind", ["nic", "transformer"])
 def test_beam_decode_scores_are_the_model_log_probabilities(kind: str, vocab: CaptionVocab) -> None:
     model, features = fitted(kind, vocab)
-    beams = beam_decode(model, features, "humor", beam_size=3, max_len=10, length_penalty=0.0)
+    beams = beam_decode(model, features, "humor", beam_size=3, max_len=10, length_penalty=0.0, no_repeat_ngram_size=0)
     assert [b[0][0] for b in beams] == [" ".join(c.lower().rstrip(".").split()) for c in CAPTIONS]
-    assert [b[0][0] for b in beams] == greedy_decode(model, features, "humor", max_len=10)
+    assert [b[0][0] for b in beams] == greedy_decode(model, features, "humor", max_len=10, no_repeat_ngram_size=0)
     for i, candidates in enumerate(beams):
         assert 1 < len(candidates) <= 3 and len({c for c, _ in candidates}) == len(candidates)
         scores = [s for _, s in candidates]
@@ -156,7 +157,8 @@ def test_beam_decode_scores_are_the_model_log_probabilities(kind: str, vocab: Ca
                 logp = torch.log_softmax(model(features[i:i + 1], tokens[:, :-1]), dim=-1)[0]
             summed = sum(logp[t, tokens[0, t + 1]].item() for t in range(1, tokens.shape[1] - 1))
             assert score == pytest.approx(summed, abs=1e-3)  # float32 sums
-    normalised = beam_decode(model, features[:1], "humor", beam_size=3, max_len=10, length_penalty=1.0)[0]
+    normalised = beam_decode(model, features[:1], "humor", beam_size=3, max_len=10, length_penalty=1.0,
+                             no_repeat_ngram_size=0)[0]
     assert normalised[0][1] == pytest.approx(beams[0][0][1] / (len(beams[0][0][0].split()) + 1), abs=1e-3)
 
 
@@ -164,13 +166,13 @@ def test_beam_decode_scores_are_the_model_log_probabilities(kind: str, vocab: Ca
 def test_beam_of_one_is_greedy_and_bad_arguments_fail(kind: str, vocab: CaptionVocab) -> None:
     model = tiny(kind, vocab).train()
     features = torch.randn(3, 8)
-    greedy = greedy_decode(model, features, ["humor", "romantic", "humor"], max_len=6)
-    beams = beam_decode(model, features, ["humor", "romantic", "humor"], beam_size=1, max_len=6)
+    greedy = greedy_decode(model, features, ["humor", "romantic", "humor"], max_len=6, no_repeat_ngram_size=0)
+    beams = beam_decode(model, features, ["humor", "romantic", "humor"], beam_size=1, max_len=6, no_repeat_ngram_size=0)
     assert [b[0][0] for b in beams] == greedy and model.training
     with pytest.raises(ValueError, match="beam_size must be an integer >= 1"):
-        beam_decode(model, features, "humor", beam_size=0)
+        beam_decode(model, features, "humor", beam_size=0, no_repeat_ngram_size=0, max_len=20)
     with pytest.raises(ValueError, match="2 styles for 3 images"):
-        beam_decode(model, features, ["humor", "romantic"])
+        beam_decode(model, features, ["humor", "romantic"], no_repeat_ngram_size=0, max_len=20)
 
 
 @pytest.mark.parametrize("kind", ["nic", "transformer"])
@@ -180,8 +182,8 @@ def test_decoding_never_writes_unk(kind: str, vocab: CaptionVocab) -> None:
         model.out.bias[vocab.unk_id] = 50.0  # <unk> is every step's most likely token
         assert model(torch.randn(1, 8), vocab.encode_batch(["a"], ["humor"])[:, :2])[0, -1].argmax() == vocab.unk_id
     features = torch.randn(3, 8)
-    greedy = greedy_decode(model, features, "humor", max_len=6)
-    beams = beam_decode(model, features, "humor", beam_size=3, max_len=6)
+    greedy = greedy_decode(model, features, "humor", max_len=6, no_repeat_ngram_size=0)
+    beams = beam_decode(model, features, "humor", beam_size=3, max_len=6, no_repeat_ngram_size=0)
     written = greedy + [caption for candidates in beams for caption, _ in candidates]
     assert len(written) > 3 and all("<unk>" not in c.split() for c in written)
 
@@ -189,7 +191,7 @@ def test_decoding_never_writes_unk(kind: str, vocab: CaptionVocab) -> None:
 def test_transformer_decode_length_limit(vocab: CaptionVocab) -> None:
     model = tiny("transformer", vocab)
     with pytest.raises(ValueError, match="max_len 30 needs 31 positions"):
-        greedy_decode(model, torch.randn(1, 8), "humor", max_len=30)
+        greedy_decode(model, torch.randn(1, 8), "humor", max_len=30, no_repeat_ngram_size=0)
 
 
 def test_build_captioner_rejects_bad_arguments(vocab: CaptionVocab) -> None:
@@ -250,7 +252,8 @@ def test_nic_saved_before_image_norm_loads_as_it_was(vocab: CaptionVocab, tmp_pa
     loaded = load_captioner(tmp_path)
     assert loaded.hparams["image_norm"] == 0
     features = torch.randn(3, 8)
-    assert greedy_decode(loaded, features, "humor", max_len=6) == greedy_decode(old, features, "humor", max_len=6)
+    plain = dict(max_len=6, no_repeat_ngram_size=0)
+    assert greedy_decode(loaded, features, "humor", **plain) == greedy_decode(old, features, "humor", **plain)
 
 
 def _ngrams(caption: str, n: int) -> list[tuple[str, ...]]:
@@ -265,7 +268,7 @@ def test_no_repeat_ngram_size_blocks_loops(kind: str, vocab: CaptionVocab) -> No
         model.out.bias[vocab.encode("a", "humor")[2]] = 80.0
         model.out.bias[vocab.encode("dog", "humor")[2]] = 60.0
     features = torch.randn(2, 8)
-    plain = greedy_decode(model, features, "humor", max_len=8)
+    plain = greedy_decode(model, features, "humor", max_len=8, no_repeat_ngram_size=0)
     assert plain[0].split() == ["a"] * 8  # the loop, unblocked
     for n in (1, 2, 3):
         greedy = greedy_decode(model, features, "humor", max_len=8, no_repeat_ngram_size=n)

@@ -6,7 +6,7 @@ import pytest
 from jobs.config import ConfigError, load_config, parse_overrides
 
 
-@pytest.mark.parametrize("name", ["base", "local", "test", "databricks", "conf/shared_data.yaml"])
+@pytest.mark.parametrize("name", ["local", "test", "databricks", "conf/shared_data.yaml"])
 def test_shipped_confs_validate(name, monkeypatch):
     monkeypatch.setenv("ERG_HOME", "/tmp/erg-conf-test")
     cfg = load_config(name)
@@ -15,30 +15,32 @@ def test_shipped_confs_validate(name, monkeypatch):
     assert cfg.retrieve.min_similarity == 0.6 and cfg.generate.filters.ppl_max == 80
 
 
-def test_confs_are_overlays_of_one_full_fidelity_base(monkeypatch):
+def test_confs_are_overlays_of_the_full_fidelity_schema(monkeypatch):
     import yaml
     from pathlib import Path
+
+    from jobs.config import schema_defaults
 
     monkeypatch.setenv("ERG_HOME", "/tmp/erg-conf-test")
     conf = Path(__file__).resolve().parents[1] / "conf"
     parents = {p.stem: yaml.safe_load(p.read_text()).get("extends") for p in conf.glob("*.yaml")}
-    assert parents == {"base": None, "local": "base", "test": "local", "shared_data": "local", "databricks": "base"}
-    base = load_config("base")
-    caps = {"generate.max_candidates": base.generate.max_candidates,
-            "generate.max_candidates_per_style": base.generate.max_candidates_per_style,
-            "generate.generator.max_train_pairs": base.generate.generator.max_train_pairs,
-            "extract.head_selection_captions": base.extract.head_selection_captions,
-            "extract.classifier.max_train_captions": base.extract.classifier.max_train_captions,
-            "extract.evaluation.max_train_captions": base.extract.evaluation.max_train_captions,
-            "experiment.max_augmented_pairs": base.experiment.max_augmented_pairs,
-            "spark.shuffle_partitions": base.spark.shuffle_partitions}
+    assert parents == {"local": None, "test": "local", "shared_data": "local", "databricks": None}
+    schema = schema_defaults()
+    caps = {"generate.max_candidates": schema.generate.max_candidates,
+            "generate.max_candidates_per_style": schema.generate.max_candidates_per_style,
+            "generate.generator.max_train_pairs": schema.generate.generator.max_train_pairs,
+            "extract.head_selection_captions": schema.extract.head_selection_captions,
+            "extract.classifier.max_train_captions": schema.extract.classifier.max_train_captions,
+            "extract.evaluation.max_train_captions": schema.extract.evaluation.max_train_captions,
+            "experiment.max_augmented_pairs": schema.experiment.max_augmented_pairs,
+            "spark.shuffle_partitions": schema.spark.shuffle_partitions}
     assert caps == dict.fromkeys(caps), caps
-    assert (base.extract.classifier.name_or_path, base.embed.encoder.kind, base.generate.generator.init) == (
+    assert (schema.extract.classifier.name_or_path, schema.embed.encoder.kind, schema.generate.generator.init) == (
         "bert-base-uncased", "clip", "pretrained")
-    # the workspace conf changes where things run, not what the models are: its model settings are the base's
+    # the workspace conf changes where things run, not what the models are: its model settings are the schema's
     databricks = load_config("databricks")
     for section in ("extract", "embed", "generate", "experiment"):
-        assert getattr(databricks, section) == getattr(base, section), section
+        assert getattr(databricks, section) == getattr(schema, section), section
     assert databricks.generate.generator.config_overrides == {}  # local's word-level shape is not inherited
     local = load_config("local")
     assert local.generate.max_candidates == 400 and local.spark.shuffle_partitions == 4
@@ -143,3 +145,103 @@ def test_embed_spreads_its_items_over_the_task_slots_unless_told() -> None:
     assert embed_tasks(cfg, slots=8, items=EMBED_TASK_MIN_ITEMS - 1) == 1
     assert embed_tasks(cfg, slots=8, items=3 * EMBED_TASK_MIN_ITEMS) == 4
     assert embed_tasks(load_config("local", {"embed": {"partitions": 3}}), slots=8, items=10**6) == 3
+
+
+# ------------------------------------------------------------------------------ each default written once
+ERG_ENV = {"ERG_HOME": "/tmp/erg-env-home", "ERG_SPARK_MASTER": "local[3]", "ERG_JARS_DIR": "/tmp/erg-env-jars",
+           "ERG_CATALOG": "env_catalog", "ERG_SCHEMA": "env_schema", "ERG_DATA": "/tmp/erg-env-data"}
+
+
+def _leaves(tree: dict, prefix: tuple = ()):
+    """(path, value) of every leaf of a conf mapping; a list, an empty mapping or a scalar is a leaf."""
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            yield from _leaves(value, prefix + (key,))
+        else:
+            yield prefix + (key,), value
+
+
+def _without(tree: dict, path: tuple) -> dict:
+    import copy
+
+    out = copy.deepcopy(tree)
+    node = out
+    for key in path[:-1]:
+        node = node[key]
+    del node[path[-1]]
+    return out
+
+
+def test_no_conf_leaf_repeats_what_its_parent_gives(tmp_path, monkeypatch):
+    """Every leaf of a shipped conf changes the resolved config: deleting it (so that the parent conf, or the
+    schema's defaults for a conf without ``extends``, gives that key) gives a different config."""
+    import yaml
+    from pathlib import Path
+
+    from jobs.config import conf_names
+
+    conf = Path(__file__).resolve().parents[1] / "conf"
+    assert conf_names() == ["databricks", "local", "shared_data", "test"]
+    trimmed: dict[tuple, Path] = {}
+    for name in conf_names():
+        raw = yaml.safe_load((conf / f"{name}.yaml").read_text())
+        for path, _ in _leaves(raw):
+            if path not in (("extends",), ("name",)):
+                trimmed[name, path] = tmp_path / f"{name}-{'.'.join(path)}.yaml"
+                trimmed[name, path].write_text(yaml.safe_dump({**_without(raw, path), "name": name}))
+    changes = dict.fromkeys(trimmed, False)
+    # with the environment unset (each ${VAR:-default} takes its default) and set: a leaf such as
+    # ${ERG_SCHEMA:-erg} gives the schema's value only while the variable is unset
+    for env in ({}, ERG_ENV):
+        for var in ERG_ENV:
+            monkeypatch.delenv(var, raising=False)
+        for var, value in env.items():
+            monkeypatch.setenv(var, value)
+        resolved = {name: load_config(name).model_dump() for name in conf_names()}
+        for (name, path), file in trimmed.items():
+            changes[name, path] |= load_config(str(file)).model_dump() != resolved[name]
+    repeats = [f"{name}: {'.'.join(path)}" for (name, path), changed in changes.items() if not changed]
+    assert not repeats, f"these conf leaves repeat what the parent conf or the schema already gives: {repeats}"
+
+
+def test_the_schema_holds_the_full_fidelity_defaults(monkeypatch):
+    """No base conf: the schema's defaults are the paper's settings, models by name, no caps."""
+    from jobs.config import schema_defaults
+
+    monkeypatch.delenv("ERG_HOME", raising=False)
+    cfg = schema_defaults()
+    assert (cfg.extract.classifier.name_or_path, cfg.extract.classifier.max_length) == ("bert-base-uncased", 64)
+    assert cfg.extract.classifier_for("senticap").batch_size == 64 and cfg.extract.classifier_for("senticap").lr == 2e-5
+    assert (cfg.embed.encoder.kind, cfg.generate.generator.init, cfg.generate.decoding.strategy) == (
+        "clip", "pretrained", "beam")
+    assert cfg.train.inserted_word_weight == 4 and cfg.train.epochs == 20
+    assert cfg.tables.location == f"{cfg.home}/warehouse"
+    assert cfg.mlflow.tracking_uri == f"sqlite:///{cfg.home}/mlflow.db"
+    # a conf or override that sets one key of a section keeps the schema's values for the others
+    assert load_config("databricks", ["embed.encoder.batch_size=128"]).embed.encoder.name_or_path == \
+        "openai/clip-vit-base-patch32"
+    # env interpolation in a schema default
+    monkeypatch.setenv("ERG_HOME", "/tmp/erg-schema-home")
+    monkeypatch.setenv("ERG_SPARK_MASTER", "local[3]")
+    cfg = schema_defaults()
+    assert cfg.home == "/tmp/erg-schema-home" and cfg.sample.dir == "/tmp/erg-schema-home/sample"
+    assert cfg.spark.master == "local[3]"
+
+
+@pytest.mark.parametrize("name", ["local", "test", "databricks", "conf/shared_data.yaml"])
+def test_decoding_and_filter_options_are_the_typed_sections(name, monkeypatch):
+    """The generator's keyword arguments and the filter thresholds come from their conf sections whole: each key,
+    with its value, once."""
+    from jobs.generate import decoding_options, filter_options
+
+    monkeypatch.setenv("ERG_HOME", "/tmp/erg-conf-test")
+    cfg = load_config(name, ["generate.decoding.max_new_tokens=33", "generate.filters.max_relatedness_drop=null"])
+    d, f = cfg.generate.decoding, cfg.generate.filters
+    assert decoding_options(cfg) == {
+        "strategy": d.strategy, "num_beams": d.num_beams, "top_p": d.top_p, "temperature": d.temperature,
+        "max_new_tokens": 33, "batch_size": d.batch_size, "seed": cfg.generate.generator.seed,
+        "no_repeat_ngram_size": d.no_repeat_ngram_size, "repetition_penalty": d.repetition_penalty,
+        "constraint": d.constraint, "fast": d.fast}
+    assert filter_options(cfg) == {"ppl_max": f.ppl_max, "min_similarity": f.min_similarity,
+                                   "min_content_similarity": f.min_content_similarity, "well_formed": f.well_formed,
+                                   "max_relatedness_drop": None}

@@ -61,7 +61,8 @@ def databricks_run(spark, tmp_path_factory):
               .splitlines() if "\t" in line]
     bert, clip = save_tiny_bert(root / "bert-base-uncased"), save_tiny_clip(root / "clip-vit-base-patch32")
     gpt2 = create_generator_from_config("causal", corpus, root / "gpt2", vocab_size=400,
-                                        config_overrides={"n_layer": 1, "n_embd": 32, "n_head": 2, "n_positions": 96})
+                                        config_overrides={"n_layer": 1, "n_embd": 32, "n_head": 2,
+                                                          "n_positions": 96}, seed=0)
     cfg = load_config(str(conf), [
         "platform=local", "tables.catalog=null", "tables.schema=t_databricks_conf",
         f"mlflow.tracking_uri=sqlite:///{root}/mlflow.db", "mlflow.registry_uri=null",

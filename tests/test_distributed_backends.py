@@ -114,7 +114,7 @@ def test_mds_snapshot_is_read_by_streaming_dataset_in_two_torch_distributor_proc
     assert summary["inserted_words_weighted"] == 4  # summed over the two ranks' partitions
     model = load_captioner(tmp_path / "model")
     assert model.vocab.styles == ("humor", "romantic")
-    assert len(greedy_decode(model, torch.zeros(2, FEATURE_DIM), "humor", max_len=8)) == 2
+    assert len(greedy_decode(model, torch.zeros(2, FEATURE_DIM), "humor", max_len=8, no_repeat_ngram_size=0)) == 2
 
 
 def _horovod_setup(tmp_path: Path) -> tuple:
@@ -159,4 +159,4 @@ def test_horovod_spark_run_trains_two_gloo_processes(spark, tmp_path: Path) -> N
     assert summary["inserted_words_weighted"] == 4
     model = load_captioner(tmp_path / "model")
     assert model.vocab.styles == ("humor", "romantic")
-    assert len(greedy_decode(model, torch.zeros(2, FEATURE_DIM), "humor", max_len=8)) == 2
+    assert len(greedy_decode(model, torch.zeros(2, FEATURE_DIM), "humor", max_len=8, no_repeat_ngram_size=0)) == 2

@@ -264,7 +264,9 @@ def test_a_stopped_experiment_resumes_without_training_finished_cells_again(spar
     """A launch stopped after two of its four cells (as a preempted cluster): the rerun records those two from
     their folders and trains only the other two; a third run reuses all four from MLflow; and every score equals
     that of a run that trains everything again (``experiment.resume: false``)."""
-    import jobs.experiment as experiment_job
+    import importlib
+
+    experiment_job = importlib.import_module("jobs.experiment")  # the module (jobs.experiment is the function)
     from jobs.experiment import run_experiment
     from jobs.model_store import model_dir
 

@@ -37,12 +37,13 @@ def test_each_corruption_breaks_the_caption_its_own_way() -> None:
 
 
 def test_examples_pair_each_real_caption_with_a_corruption_of_every_kind_in_turn() -> None:
-    texts, labels, made = fluency_examples(CAPTIONS * 3, PHRASES, seed=1)
+    texts, labels, made = fluency_examples(CAPTIONS * 3, PHRASES, seed=1, max_examples=None)
     assert labels.count(FLUENT) == 24 and labels.count(BROKEN) == sum(made.values()) >= 20
     assert set(made) == set(CORRUPTIONS) and min(made.values()) >= 1
     real = {c for c in CAPTIONS}
     assert not any(t in real for t, label in zip(texts, labels) if label == BROKEN)
-    assert fluency_examples(CAPTIONS, PHRASES, seed=1) == fluency_examples(CAPTIONS, PHRASES, seed=1)
+    assert fluency_examples(CAPTIONS, PHRASES, seed=1, max_examples=None) == fluency_examples(CAPTIONS, PHRASES,
+                                                                                              seed=1, max_examples=None)
 
 
 def test_threshold_keeps_the_asked_share_of_real_captions() -> None:

@@ -44,6 +44,10 @@ TINY = {
                 "dropout_rate": 0.0},
 }
 N_TRAIN = 8
+#: the decoding these tests were written for (generate takes every decoding setting explicitly; the jobs pass
+#: generate.decoding)
+PLAIN = dict(seed=0, no_repeat_ngram_size=0, repetition_penalty=1.0)
+GREEDY = dict(strategy="greedy", batch_size=32, fast=False, **PLAIN)
 
 
 def split_phrase(caption: str) -> tuple[str, str]:
@@ -78,7 +82,7 @@ def train_set(captions: list[str]) -> tuple[list[str], list[str], list[str]]:
 
 
 def _trained(kind: str, captions: list[str], train_set, folder: Path, steps: int):
-    create_generator_from_config(kind, captions, folder, vocab_size=700, config_overrides=TINY[kind])
+    create_generator_from_config(kind, captions, folder, vocab_size=700, config_overrides=TINY[kind], seed=0)
     gen = load_generator(kind, str(folder), device="cpu", max_source_len=48, max_target_len=48)
     phrases, contents, caps = train_set
     before = teacher_forced_metrics(gen, phrases, contents, caps)
@@ -139,7 +143,7 @@ def test_generator_learns_to_reconstruct_its_training_captions(fixture, request,
     assert result.final_loss < 0.1 * result.first_loss
     after = teacher_forced_metrics(gen, phrases, contents, caps)
     assert after["loss"] < 0.1 * before["loss"] and after["token_accuracy"] > 0.95 > before["token_accuracy"]
-    out = generate(gen, phrases, contents, max_new_tokens=40)
+    out = generate(gen, phrases, contents, max_new_tokens=40, **GREEDY)
     assert sum(o == c for o, c in zip(out, caps)) >= 6
     assert exact_match(out, caps) >= 6 / N_TRAIN
 
@@ -149,8 +153,9 @@ def test_batched_generation_equals_one_by_one(fixture, request, captions):
     gen = request.getfixturevalue(fixture)[0]
     # Inputs of different lengths, so the batch is padded (on the left for the causal model).
     phrases, contents = zip(*(split_phrase(c) for c in captions[20:26]))
-    batched = generate(gen, list(phrases), list(contents), batch_size=6, max_new_tokens=20)
-    single = [generate(gen, [p], [c], max_new_tokens=20)[0] for p, c in zip(phrases, contents)]
+    batched = generate(gen, list(phrases), list(contents), batch_size=6, max_new_tokens=20, strategy="greedy",
+                       fast=False, **PLAIN)
+    single = [generate(gen, [p], [c], max_new_tokens=20, **GREEDY)[0] for p, c in zip(phrases, contents)]
     assert batched == single
     assert len({len(gen.tokenizer(gen.source_text(p, c)).input_ids) for p, c in zip(phrases, contents)}) > 1
 
@@ -163,20 +168,23 @@ def test_causal_prompts_are_cut_to_fit_the_positions(causal, captions, tmp_path)
     assert batch["input_ids"].shape[1] == 96  # 96 - 64 = 32 prompt tokens, then the caption cut to 64
     assert (batch["labels"][0] != IGNORE_INDEX).sum() == 64
     assert roomy.tokenizer.decode(batch["input_ids"][0, 31]) == "[SEP]"
-    assert fine_tune(roomy, ["funny"], [long_caption], [long_caption], lr=1e-5).steps == 1
-    out = generate(roomy, ["funny"], [long_caption], max_new_tokens=70)  # prompt cut to 26 tokens
+    assert fine_tune(roomy, ["funny"], [long_caption], [long_caption], lr=1e-5, batch_size=16, seed=0).steps == 1
+    out = generate(roomy, ["funny"], [long_caption], max_new_tokens=70, **GREEDY)  # prompt cut to 26 tokens
     assert len(out) == 1 and isinstance(out[0], str)
 
 
 def test_beam_and_sample_strategies(causal, train_set):
     gen = causal[0]
     phrases, contents, caps = train_set
-    beam = generate(gen, phrases[:4], contents[:4], strategy="beam", num_beams=3, max_new_tokens=40)
+    beam = generate(gen, phrases[:4], contents[:4], strategy="beam", num_beams=3, max_new_tokens=40, batch_size=32,
+                    fast=False, **PLAIN)
     assert beam == caps[:4]  # a well-fit model: beam search finds the memorised caption too
     state = torch.random.get_rng_state()
-    sampled = generate(gen, phrases[:4], ["a man"] * 4, strategy="sample", top_p=0.95, temperature=1.5, seed=3)
+    sampled = generate(gen, phrases[:4], ["a man"] * 4, strategy="sample", top_p=0.95, temperature=1.5, seed=3,
+                       batch_size=32, no_repeat_ngram_size=0, repetition_penalty=1.0, fast=False)
     assert torch.equal(state, torch.random.get_rng_state())  # the global RNG is untouched
-    assert sampled == generate(gen, phrases[:4], ["a man"] * 4, strategy="sample", top_p=0.95, temperature=1.5, seed=3)
+    assert sampled == generate(gen, phrases[:4], ["a man"] * 4, strategy="sample", top_p=0.95, temperature=1.5,
+                               seed=3, batch_size=32, no_repeat_ngram_size=0, repetition_penalty=1.0, fast=False)
     assert len(sampled) == 4 and all(isinstance(s, str) and s for s in sampled)
 
 
@@ -188,34 +196,35 @@ def test_save_and_load_round_trip(causal, train_set, tmp_path):
                                                                       "word_level": False}
     again = load_generator("causal", path, device="cpu", max_source_len=48, max_target_len=48)
     assert again.sep == gen.sep
-    assert generate(again, phrases, contents) == generate(gen, phrases, contents)
+    assert generate(again, phrases, contents, **GREEDY) == generate(gen, phrases, contents, **GREEDY)
     with pytest.raises(ValueError, match="holds a 'causal' generator"):
-        load_generator("seq2seq", path)
+        load_generator("seq2seq", path, max_source_len=128, max_target_len=64)
 
 
 def test_bad_input_is_rejected(causal, captions, tmp_path):
     gen = causal[0]
     with pytest.raises(ValueError, match="kind must be one of"):
-        load_generator("diffusion", "x")
+        load_generator("diffusion", "x", max_source_len=128, max_target_len=64)
     with pytest.raises(ValueError, match="strategy must be one of"):
-        generate(gen, ["funny"], ["a dog"], strategy="nucleus")
+        generate(gen, ["funny"], ["a dog"], strategy="nucleus", batch_size=32, fast=False, **PLAIN)
     with pytest.raises(ValueError, match="same length"):
-        generate(gen, ["funny", "silly"], ["a dog"])
+        generate(gen, ["funny", "silly"], ["a dog"], **GREEDY)
     with pytest.raises(ValueError, match="must hold strings"):
-        fine_tune(gen, ["funny"], [None], ["a dog"])
+        fine_tune(gen, ["funny"], [None], ["a dog"], batch_size=16, seed=0)
     with pytest.raises(ValueError, match="num_beams >= 2"):
-        generate(gen, ["funny"], ["a dog"], strategy="beam", num_beams=1)
+        generate(gen, ["funny"], ["a dog"], strategy="beam", num_beams=1, batch_size=32, fast=False, **PLAIN)
     with pytest.raises(ValueError, match="unknown GPT2Config keys"):
-        create_generator_from_config("causal", captions, tmp_path, vocab_size=300, config_overrides={"n_layers": 2})
+        create_generator_from_config("causal", captions, tmp_path, vocab_size=300, config_overrides={"n_layers": 2},
+                                     seed=0)
     with pytest.raises(ValueError, match="95 output tokens leave no room for a prompt in the generator's 96"):
-        generate(gen, ["funny"], ["a dog"], max_new_tokens=95)
+        generate(gen, ["funny"], ["a dog"], max_new_tokens=95, **GREEDY)
     with pytest.raises(OSError, match="create_generator_from_config"):
-        load_generator("causal", str(tmp_path / "no-such-model"))
+        load_generator("causal", str(tmp_path / "no-such-model"), max_source_len=128, max_target_len=64)
 
 
 def test_bert2bert_warm_started_from_minilm_loads_and_learns(tmp_path, train_set):
-    path = create_bert2bert_from_minilm(tmp_path / "b2b")
-    gen = load_generator("seq2seq", path, device="cpu")
+    path = create_bert2bert_from_minilm(tmp_path / "b2b", seed=0)
+    gen = load_generator("seq2seq", path, device="cpu", max_source_len=128, max_target_len=64)
     assert type(gen.model).__name__ == "EncoderDecoderModel"
     tok = gen.tokenizer
     assert gen.model.config.decoder_start_token_id == tok.cls_token_id and gen.eos_token_id == tok.sep_token_id
@@ -228,9 +237,9 @@ def test_bert2bert_warm_started_from_minilm_loads_and_learns(tmp_path, train_set
     assert labels[0] != tok.cls_token_id and labels[-1] == tok.sep_token_id
     assert tok.decode(batch["input_ids"][0]).startswith(f"[CLS] {phrases[0]} [SEP]")
     before = teacher_forced_metrics(gen, phrases, contents, caps)["loss"]
-    fine_tune(gen, phrases, contents, caps, epochs=2, batch_size=4, lr=3e-4)
+    fine_tune(gen, phrases, contents, caps, epochs=2, batch_size=4, lr=3e-4, seed=0)
     assert teacher_forced_metrics(gen, phrases, contents, caps)["loss"] < 0.7 * before  # measured: 10.9 -> 4.4
-    assert all(isinstance(s, str) for s in generate(gen, phrases, contents, max_new_tokens=8))
+    assert all(isinstance(s, str) for s in generate(gen, phrases, contents, max_new_tokens=8, **GREEDY))
 
 
 # ------------------------------------------------------------------ word-level generator and constrained decoding
@@ -239,7 +248,7 @@ def word_level(captions, train_set, tmp_path_factory):
     """A tiny word-level GPT-2 (embeddings from MiniLM) fitted on the training captions."""
     torch.manual_seed(0)
     folder = tmp_path_factory.mktemp("word")
-    create_word_level_generator(captions, folder, TINY["causal"])
+    create_word_level_generator(captions, folder, TINY["causal"], seed=0)
     gen = load_generator("causal", str(folder), device="cpu", max_source_len=48, max_target_len=48)
     phrases, contents, caps = train_set
     fine_tune(gen, phrases, contents, caps, epochs=60, batch_size=N_TRAIN, lr=3e-3, seed=0)
@@ -250,10 +259,11 @@ def test_word_level_generator_has_one_token_per_word_and_learns(word_level, trai
     gen = word_level
     phrases, contents, caps = train_set
     assert gen.word_level and gen.tokenizer.tokenize(" " + caps[0]) == caps[0].split()
-    assert exact_match(generate(gen, phrases, contents, max_new_tokens=40), caps) >= 6 / N_TRAIN
+    assert exact_match(generate(gen, phrases, contents, max_new_tokens=40, **GREEDY), caps) >= 6 / N_TRAIN
     # Word embeddings start from MiniLM's: related words are closer than unrelated ones.
     fresh = load_generator("causal", create_word_level_generator(["dog dogs puppy car"] * 3 + caps, tmp_path / "w",
-                                                                  TINY["causal"]), device="cpu")
+                                                                  TINY["causal"], seed=0), device="cpu",
+ max_source_len=128, max_target_len=64)
     emb = fresh.model.get_input_embeddings().weight
     ids = fresh.tokenizer.convert_tokens_to_ids(["dog", "puppy", "car"])
     cos = torch.nn.functional.cosine_similarity
@@ -284,16 +294,18 @@ def test_merge_constraint_keeps_every_content_word_in_order_and_places_the_phras
     gen = word_level
     phrases = ["in love", "to find his lost owner", "happily", "ugly"]
     factual = captions[100:104]
-    out = generate(gen, phrases, factual, strategy=strategy, num_beams=3, constraint="merge")
+    out = generate(gen, phrases, factual, strategy=strategy, num_beams=3, constraint="merge", batch_size=32,
+                   fast=False, **PLAIN)
     for o, p, f in zip(out, phrases, factual):
         assert _is_merge(o.split(), f.split(), p.split(), skip=False), (o, p, f)
     blocks = generate(gen, phrases, factual, strategy=strategy, num_beams=3, constraint="merge",
-                      contiguous=[False, True, False, False])
+                      contiguous=[False, True, False, False], batch_size=32, fast=False, **PLAIN)
     clause, content = clause_after_sentence(phrases[1], factual[1])
     assert blocks[1].split() == content.split() + clause.split(), blocks[1]  # the clause, trailing
     for i in (0, 2, 3):
         assert _is_merge(blocks[i].split(), factual[i].split(), phrases[i].split(), skip=False), blocks[i]
-    skipped = generate(gen, phrases, factual, strategy=strategy, num_beams=3, constraint="merge_skip")
+    skipped = generate(gen, phrases, factual, strategy=strategy, num_beams=3, constraint="merge_skip", batch_size=32,
+                       fast=False, **PLAIN)
     for o, p, f in zip(skipped, phrases, factual):
         assert _is_merge(o.split(), f.split(), p.split(), skip=True), (o, p, f)
 
@@ -309,10 +321,11 @@ def test_fast_decoding_writes_the_same_captions_as_the_plain_path(word_level, ca
     contiguous = [False, True, False, False, True, False, False, False] * 2
     for max_new_tokens in (40, 6):
         common = dict(strategy=strategy, num_beams=3, constraint="merge", contiguous=contiguous, batch_size=3,
-                      max_new_tokens=max_new_tokens)
-        assert generate(gen, phrases, factual, fast=True, **common) == generate(gen, phrases, factual, **common)
-    skip = dict(strategy=strategy, num_beams=3, constraint="merge_skip", batch_size=5)
-    assert generate(gen, phrases, factual, fast=True, **skip) == generate(gen, phrases, factual, **skip)
+                      max_new_tokens=max_new_tokens, **PLAIN)
+        assert generate(gen, phrases, factual, fast=True, **common) == generate(gen, phrases, factual, fast=False,
+                                                                                **common)
+    skip = dict(strategy=strategy, num_beams=3, constraint="merge_skip", batch_size=5, **PLAIN)
+    assert generate(gen, phrases, factual, fast=True, **skip) == generate(gen, phrases, factual, fast=False, **skip)
 
 
 def test_incremental_merge_constraint_allows_what_the_scan_allows():
@@ -375,11 +388,11 @@ def test_merge_constraint_replays_what_was_generated():
 def test_source_words_constraint_and_unknown_words_are_copied_back(word_level):
     gen = word_level
     phrase, factual = "zorblax happily", "a dog with a qwertyuiop runs on the grass"
-    out = generate(gen, [phrase], [factual], constraint="source_words", max_new_tokens=20)[0].split()
+    out = generate(gen, [phrase], [factual], constraint="source_words", max_new_tokens=20, **GREEDY)[0].split()
     out = ["a" if w == "an" else w for w in out]  # the article agrees with the next word after decoding
     pool = (phrase + " " + factual).split()
     assert all(out.count(w) <= pool.count(w) for w in out)  # only input words, each at most as often
-    merged = generate(gen, [phrase], [factual], constraint="merge")[0].split()
+    merged = generate(gen, [phrase], [factual], constraint="merge", **GREEDY)[0].split()
     assert "qwertyuiop" in merged and "zorblax" in merged  # [UNK] tokens decode to the input's own words
     merged = ["a" if w == "an" else w for w in merged]
     assert [w for w in merged if w in factual.split()] == factual.split()
@@ -387,11 +400,11 @@ def test_source_words_constraint_and_unknown_words_are_copied_back(word_level):
 
 def test_no_repeat_ngrams_and_repetition_penalty_stop_loops(tmp_path, captions):
     torch.manual_seed(0)
-    gen = load_generator("causal", create_word_level_generator(captions, tmp_path / "raw", TINY["causal"]),
-                         device="cpu")  # untrained: free decoding loops
-    looping = generate(gen, ["funny"] * 4, captions[:4], max_new_tokens=30)
+    gen = load_generator("causal", create_word_level_generator(captions, tmp_path / "raw", TINY["causal"], seed=0),
+                         device="cpu", max_source_len=128, max_target_len=64)  # untrained: free decoding loops
+    looping = generate(gen, ["funny"] * 4, captions[:4], max_new_tokens=30, **GREEDY)
     fixed = generate(gen, ["funny"] * 4, captions[:4], max_new_tokens=30, no_repeat_ngram_size=2,
-                     repetition_penalty=1.5)
+                     repetition_penalty=1.5, strategy="greedy", batch_size=32, seed=0, fast=False)
 
     def repeats(text: str) -> bool:
         w = text.split()
@@ -401,7 +414,7 @@ def test_no_repeat_ngrams_and_repetition_penalty_stop_loops(tmp_path, captions):
     assert any(repeats(t) for t in looping)
     assert not any(repeats(t) for t in fixed)
     with pytest.raises(ValueError, match="constraint must be one of"):
-        generate(gen, ["funny"], ["a dog"], constraint="bag")
+        generate(gen, ["funny"], ["a dog"], constraint="bag", **GREEDY)
 
 
 def test_articles_agree_with_the_next_word():

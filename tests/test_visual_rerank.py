@@ -43,7 +43,7 @@ def test_rerank_batch_beam_pick_and_visual_pick():
     out = rerank_batch(frame, {"original": model}, ShortestIsMostRelated(), HumorFromCaptionLength(), None,
                        beam_size=3, max_len=10, length_penalty=1.0)
     assert list(out.columns) == RERANK_COLUMNS and len(out) == 8
-    beams = beam_decode(model, features, "humor", beam_size=3, max_len=10, length_penalty=1.0)
+    beams = beam_decode(model, features, "humor", beam_size=3, max_len=10, length_penalty=1.0, no_repeat_ngram_size=0)
     for i, candidates in enumerate(beams):
         rows = out[out["image_id"] == f"i{i}"].set_index("ranking")
         assert rows.loc["beam", "hypothesis"] == candidates[0][0] == CAPTIONS[i].lower().rstrip(".").replace(" .", "")

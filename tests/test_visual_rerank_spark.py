@@ -31,7 +31,8 @@ def test_rerank_beams_on_spark_scores_both_rankings(spark, fresh_cfg, tmp_path):
     model, features = fitted("nic", vocab)
     path = save_captioner(model, tmp_path / "nic")
     classifiers = train_evaluation_classifiers("linear_probe", {"humor": ["a funny dog", "a silly cat laughing"]},
-                                               ["a dog on grass", "a cat on a sofa"], device="cpu", max_length=32)
+                                               ["a dog on grass", "a cat on a sofa"], device="cpu", max_length=32,
+                                               name_or_path="all-MiniLM-L6-v2")
     classifiers_path = classifiers.save(tmp_path / "classifiers")
     # images i0 and i1 have visual context (i1 without a confidence: the plain cosine); i2 has none
     now = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
@@ -47,7 +48,8 @@ def test_rerank_beams_on_spark_scores_both_rankings(spark, fresh_cfg, tmp_path):
     rows = rerank_beams(spark, cfg, pairs, {"original": {"path": str(path)}}, str(classifiers_path), None, 1)
     assert sorted(rows["image_id"].unique()) == ["i0", "i1"]  # only the images with visual context
     assert sorted(rows["ranking"]) == ["beam", "beam", "visual", "visual"]
-    beams = beam_decode(model, features[:2], "humor", beam_size=cfg.evaluate.beam_size, max_len=cfg.evaluate.max_len)
+    beams = beam_decode(model, features[:2], "humor", beam_size=cfg.evaluate.beam_size, max_len=cfg.evaluate.max_len,
+                        no_repeat_ngram_size=0)
     for i, candidates in enumerate(beams):
         picked = rows[rows["image_id"] == f"i{i}"].set_index("ranking")
         assert picked.loc["beam", "hypothesis"] == candidates[0][0]

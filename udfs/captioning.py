@@ -68,7 +68,7 @@ def caption_batch(frame: pd.DataFrame, captioners: Mapping[str, object], classif
 
 
 def make_captioner_evaluator(captioner_paths: Mapping[str, str], classifiers_path: str, lm_path: str, max_len: int,
-                             batch_size: int, device: str, no_repeat_ngram_size: int = 0
+                             batch_size: int, device: str, no_repeat_ngram_size: int
                              ) -> Callable[[Iterator[pd.DataFrame]], Iterator[pd.DataFrame]]:
     """mapInPandas function: ``image_id, style, features`` -> :data:`HYPOTHESIS_DDL` rows, one per variant.
 

@@ -84,7 +84,7 @@ def rerank_batch(frame: pd.DataFrame, captioners: Mapping[str, object], scorer, 
 
 def make_beam_reranker(captioner_paths: Mapping[str, str], classifiers_path: str, lm_path: str | None, visual: dict,
                        beam_size: int, max_len: int, length_penalty: float, batch_size: int,
-                       device: str, no_repeat_ngram_size: int = 0
+                       device: str, no_repeat_ngram_size: int
                        ) -> Callable[[Iterator[pd.DataFrame]], Iterator[pd.DataFrame]]:
     """mapInPandas function: ``image_id, style, features, tags, tags_confidence`` -> :data:`RERANK_DDL` rows.
 
