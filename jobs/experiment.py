@@ -757,7 +757,7 @@ def run_experiment(spark: SparkSession, cfg: ErgConfig, *, command: str | None =
     import mlflow
 
     from jobs.eps_sweep import run_erg_at, sweep_values
-    from jobs.extract import EVALUATION_CLASSIFIERS
+    from jobs.vocabulary import EVALUATION_CLASSIFIERS
     from jobs.train import check_hparams
     from models.experiment_report import (aggregate_seeds, caption_modes, eps_curve, render_ablations, render_fig5,
                                           render_fig5_eps, render_table5, seed_deltas, size_curve)
