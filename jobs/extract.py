@@ -220,9 +220,8 @@ def fit_evaluation_classifiers(cfg: ErgConfig, stylized: pd.DataFrame, factual: 
                                    task="text-classification")
     else:
         mlflow.log_artifacts(str(out_dir), EVALUATION_CLASSIFIERS)
-    record: EvaluationClassifiersRecord = {
-        "path": str(out_dir), "version": run_id, "kind": v.kind, "styles": classifiers.styles,
-        "factual_label": cfg.factual_label, "val_accuracy": accuracy}
+    record = EvaluationClassifiersRecord(path=str(out_dir), version=run_id, kind=v.kind, styles=classifiers.styles,
+                                         factual_label=cfg.factual_label, val_accuracy=accuracy)
     set_current(cfg, EVALUATION_CLASSIFIERS, record)
     return record, metrics
 
