@@ -278,8 +278,8 @@ def fit_captioner(spark: SparkSession, cfg: ErgConfig, pairs: DataFrame, folder:
 
 
 def check_step(ctx: JobContext) -> DataFrame:
-    """The pairs with their features counted per origin (cached until the job ends); ValueError-free only when there
-    are pairs to train on (and augmented ones where ``train.use_augmented``)."""
+    """The pairs with their features, counted per origin (cached until the job ends); RuntimeError when no pair has
+    features (or no augmented pair has, with ``train.use_augmented``)."""
     features: SceneFeatures = ctx["features"]
     joined, counts, styles = count_features(features.frame)
     ctx.on_exit(joined.unpersist)
