@@ -150,11 +150,11 @@ def main() -> None:
     from pyspark.sql import functions as F
 
     from jobs.config import load_config
-    from jobs.generate import (EVALUATION_CLASSIFIERS, candidates, content_encoder_name, filter_options,
-                               resplit_pairs, training_pairs)
+    from jobs.generate import candidates, content_encoder_name, filter_options, resplit_pairs, training_pairs
     from jobs.model_store import require_current
     from jobs.spark import get_spark
     from jobs.tables import read_table, scene_descriptions
+    from jobs.vocabulary import EVALUATION_CLASSIFIERS
     from models.caption_scoring import load_evaluation_classifiers
     from models.encoders import SentenceEncoder
     from models.generator import (create_bert2bert_from_minilm, create_generator_from_config, fine_tune, generate,

@@ -391,8 +391,8 @@ def copy_factual_vectors(spark, cfg, source_cfg) -> int:
     (same encoder version); returns the rows inserted. All in Spark: nothing goes to the driver."""
     from pyspark.sql import functions as F
 
-    from jobs.embed import encoder_spec
     from jobs.tables import merge_rows, read_table
+    from jobs.vocabulary import encoder_spec
     from udfs.embedding import encoder_identity
 
     identity = encoder_identity(encoder_spec(cfg))

@@ -59,7 +59,8 @@ from jobs.model_store import get_current, model_dir, require_current
 from jobs.spark import default_parallelism, spread_tasks
 from jobs.tables import read_table
 from jobs.tracking import configure_mlflow, job_run, log_counts
-from jobs.train import SUMMARY_FILE, _log_loss_curve, run_distributed_many, snapshot_config, worker_config
+from jobs.reports import log_loss_curve
+from jobs.train import SUMMARY_FILE, run_distributed_many, snapshot_config, worker_config
 
 logger = logging.getLogger(__name__)
 
@@ -541,7 +542,7 @@ def record_cell(cell: Cell, cell_cfg: ErgConfig, info: dict[str, Any], cell_dir:
                     "loss_first": summary["loss_first"], "loss_last": summary["loss_last"],
                     "vocab_size": summary["vocab_size"],
                     "inserted_words_weighted": summary.get("inserted_words_weighted", 0)})
-        _log_loss_curve(child.info.run_id, summary)
+        log_loss_curve(child.info.run_id, summary)
         mlflow.log_artifacts(str(cell_dir / "model"), "captioner")
         mlflow.set_tag("erg.cell_fingerprint", info["fingerprint"])  # last: only a fully logged cell is found
     return {**info, "run_id": child.info.run_id, "path": str(cell_dir / "model"), "reused": False,
@@ -756,7 +757,7 @@ def run_experiment(spark: SparkSession, cfg: ErgConfig, *, command: str | None =
     import mlflow
 
     from jobs.eps_sweep import run_erg_at, sweep_values
-    from jobs.extract import EVALUATION_CLASSIFIERS
+    from jobs.vocabulary import EVALUATION_CLASSIFIERS
     from jobs.train import check_hparams
     from models.experiment_report import (aggregate_seeds, caption_modes, eps_curve, render_ablations, render_fig5,
                                           render_fig5_eps, render_table5, seed_deltas, size_curve)

@@ -18,7 +18,6 @@ the current models are reused and only scenes without a phrase of the current cl
 from __future__ import annotations
 
 import logging
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -27,25 +26,19 @@ import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from jobs import reports
 from jobs.config import ClassifierConf, ErgConfig
 from jobs.model_store import get_current, log_transformers_model, model_dir, set_current
 from jobs.readers import stable_id
+from jobs.runner import JobContext, Step, run_job
 from jobs.spark import default_parallelism, spread_tasks
-from jobs.tables import merge_rows, read_table
-from jobs.tracking import StepLogger, job_run, log_counts
+from jobs.tables import merge_rows, read_table, scene_descriptions
+from jobs.tracking import StepLogger
+from jobs.vocabulary import (EVALUATION_CLASSIFIERS, EvaluationClassifiersRecord, ExtractorRecord, classifier_kind,
+                             record_versions)
 from udfs.extraction import STYLE_PHRASE_DDL, make_extractor
 
 logger = logging.getLogger(__name__)
-
-EVALUATION_CLASSIFIERS = "evaluation_classifiers"
-"""model_store kind of the current evaluation classifiers: ``{"path", "version", "kind", "styles",
-"factual_label", "accuracy"}``; load with :func:`models.caption_scoring.load_evaluation_classifiers` (path)."""
-
-
-def classifier_kind(style_set: str) -> str:
-    """model_store kind of a style set's extractor classifier, e.g. ``style_classifier/flickrstyle``."""
-    return f"style_classifier/{style_set}"
-
 
 def current_extractors(cfg: ErgConfig) -> dict[str, Optional[dict]]:
     """The current extractor record of every style set (None where the set has none)."""
@@ -102,12 +95,9 @@ def read_factual_for_classifiers(spark: SparkSession, cfg: ErgConfig) -> pd.Data
     hash of image and caption), chosen by Spark. ``factual_captions_sampled`` in the frame's ``attrs`` says whether
     the cap cut P.
     """
-    from jobs import tables
-
     parts = [read_table(spark, cfg, "factual_captions").select("image_id", "caption")]
-    describe = getattr(tables, "scene_descriptions", None)
-    if describe is not None and "descriptions" in read_table(spark, cfg, "images").columns:
-        parts.append(describe(spark, cfg).select("image_id", "caption"))
+    if "descriptions" in read_table(spark, cfg, "images").columns:
+        parts.append(scene_descriptions(spark, cfg).select("image_id", "caption"))
     frame = parts[0]
     for part in parts[1:]:
         frame = frame.unionByName(part)
@@ -169,18 +159,8 @@ def fit_style_head(cfg: ErgConfig, clf, style_set: str, train: pd.DataFrame):
                              max_captions=e.head_selection_captions, seed=cfg.extract.classifier_for(style_set).seed)
 
 
-def _log_head(style_set: str, selection) -> None:
-    import mlflow
-
-    from models.importance_render import confidence_heatmap_png
-
-    with tempfile.TemporaryDirectory() as tmp:
-        mlflow.log_artifact(str(confidence_heatmap_png(selection.confidence, (selection.layer, selection.head),
-                                                       Path(tmp) / f"head_confidence_{style_set}.png")))
-    mlflow.log_dict(selection.to_dict(), f"head_selection_{style_set}.json")
-
-
-def fit_extractor(cfg: ErgConfig, style_set: str, stylized: pd.DataFrame, run_id: str) -> tuple[dict, dict]:
+def fit_extractor(cfg: ErgConfig, style_set: str, stylized: pd.DataFrame, run_id: str
+                  ) -> tuple[ExtractorRecord, dict]:
     """Classifier + head of one style set, logged, registered and recorded as current; returns (record, metrics)."""
     c = cfg.extract.classifier_for(style_set)
     data = set_classifier_data(stylized, cfg.style_sets[style_set], c)
@@ -192,12 +172,12 @@ def fit_extractor(cfg: ErgConfig, style_set: str, stylized: pd.DataFrame, run_id
                     f"head.{style_set}.min_confidence": float(selection.confidence.min()),
                     f"head.{style_set}.selection_captions": selection.n_captions,
                     f"head.{style_set}.seconds": time.perf_counter() - tick})
-    _log_head(style_set, selection)
+    reports.log_head_selection(style_set, selection)
     registered = None  # the logged classifier is registered as erg_style_classifier_<set>: that version is aliased
     if cfg.mlflow.register_models:
         registered = log_transformers_model(cfg, clf.model, clf.tokenizer, name=f"style_classifier_{style_set}",
                                             task="text-classification")
-    record = {"path": str(out_dir), "version": run_id, "style_set": style_set, "styles": clf.labels,
+    record: ExtractorRecord = {"path": str(out_dir), "version": run_id, "style_set": style_set, "styles": clf.labels,
               "layer": selection.layer, "head": selection.head, "eps": cfg.extract.eps, "max_length": c.max_length,
               "val_accuracy": metrics.get(f"classifier.{style_set}.val_accuracy")}
     set_current(cfg, classifier_kind(style_set), record, registered_version=registered)
@@ -205,7 +185,7 @@ def fit_extractor(cfg: ErgConfig, style_set: str, stylized: pd.DataFrame, run_id
 
 
 def fit_evaluation_classifiers(cfg: ErgConfig, stylized: pd.DataFrame, factual: pd.DataFrame,
-                               run_id: str) -> tuple[dict, dict]:
+                               run_id: str) -> tuple[EvaluationClassifiersRecord, dict]:
     """One style-vs-factual classifier per style (train split), scored on val captions vs held-out factual ones,
     logged and recorded as the current ``evaluation_classifiers``; returns (record, metrics)."""
     import mlflow
@@ -240,8 +220,8 @@ def fit_evaluation_classifiers(cfg: ErgConfig, stylized: pd.DataFrame, factual: 
                                    task="text-classification")
     else:
         mlflow.log_artifacts(str(out_dir), EVALUATION_CLASSIFIERS)
-    record = {"path": str(out_dir), "version": run_id, "kind": v.kind, "styles": classifiers.styles,
-              "factual_label": cfg.factual_label, "val_accuracy": accuracy}
+    record = EvaluationClassifiersRecord(path=str(out_dir), version=run_id, kind=v.kind, styles=classifiers.styles,
+                                         factual_label=cfg.factual_label, val_accuracy=accuracy)
     set_current(cfg, EVALUATION_CLASSIFIERS, record)
     return record, metrics
 
@@ -310,9 +290,6 @@ def phrase_quality(phrases: pd.DataFrame, factual: pd.DataFrame, stylized_all: p
 def report_phrases(spark: SparkSession, cfg: ErgConfig, run_id: str, stylized: pd.DataFrame,
                    factual: pd.DataFrame) -> dict[str, float]:
     """Table 4 artifacts and phrase quality of the rows this run wrote; returns metrics."""
-    import mlflow
-
-    from models.importance_render import importance_html, importance_png
     from models.style_phrases import StylePhrase
 
     e = cfg.extract
@@ -322,15 +299,11 @@ def report_phrases(spark: SparkSession, cfg: ErgConfig, run_id: str, stylized: p
     records = [StylePhrase(tokens=list(r.tokens), importance=list(r.importance), phrase_mask=list(r.phrase_mask),
                            phrase_words=list(r.phrase_words), style_phrase=r.style_phrase, content=r.content,
                            layer=r.layer, head=r.head, eps=r.eps) for r in written.itertuples()]
-    styles = written["style"].tolist()
-    mlflow.log_text(importance_html(records, styles, e.table4_samples_per_style), "table4_importance.html")
-    with tempfile.TemporaryDirectory() as tmp:
-        mlflow.log_artifact(str(importance_png(records, styles, Path(tmp) / "table4_importance.png",
-                                               e.table4_samples_per_style)))
+    reports.log_table4(records, written["style"].tolist(), e.table4_samples_per_style)
     counts: dict[str, float] = {}
     quality = phrase_quality(written, factual, stylized, e.eps, e.classifier.seed)
     if quality:
-        mlflow.log_dict(quality, "phrase_quality.json")
+        reports.log_phrase_quality(quality)
         for method, scores in quality.items():
             if isinstance(scores, dict):
                 counts.update({f"phrase.{method}.{k}": scores[k] for k in ("precision", "recall", "f1")})
@@ -339,41 +312,58 @@ def report_phrases(spark: SparkSession, cfg: ErgConfig, run_id: str, stylized: p
 
 
 # -------------------------------------------------------------------------------------------------------- job
+def fit_step(ctx: JobContext) -> dict[str, ExtractorRecord]:
+    """The current extractors and evaluation classifiers (``incremental``); those missing are fitted now (their
+    metrics into the counts). The frames read for fitting are kept for the report."""
+    spark, cfg, run_id = ctx.spark, ctx.cfg, ctx.run_id
+    extractors = current_extractors(cfg) if ctx.incremental else {name: None for name in cfg.style_sets}
+    evaluation = get_current(cfg, EVALUATION_CLASSIFIERS) if ctx.incremental else None
+    ctx.out["stylized"] = ctx.out["factual"] = None
+    if evaluation is None or any(record is None for record in extractors.values()):
+        ctx.out["stylized"] = read_stylized(spark, cfg)
+    for style_set, record in extractors.items():
+        if record is None:
+            extractors[style_set], metrics = fit_extractor(cfg, style_set, ctx["stylized"], run_id)
+            ctx.counts.update(metrics)
+    if evaluation is None:
+        ctx.out["factual"] = factual = read_factual_for_classifiers(spark, cfg)
+        ctx.counts["evaluation_classifier.factual_captions_sampled"] = float(factual.attrs["factual_captions_sampled"])
+        evaluation, metrics = fit_evaluation_classifiers(cfg, ctx["stylized"], factual, run_id)
+        ctx.counts.update(metrics)
+    ctx.out["evaluation"] = evaluation
+    ctx.summary.update({"classifier_versions": record_versions(extractors),
+                        "evaluation_classifiers_version": evaluation["version"]})
+    return extractors
+
+
+def tag_step(ctx: JobContext) -> None:
+    extractors = ctx["fit"]
+    ctx.tag({**{f"erg.classifier_version.{name}": r["version"] for name, r in extractors.items()},
+             **{f"erg.style_head.{name}": f"{r['layer']},{r['head']}" for name, r in extractors.items()},
+             "erg.evaluation_classifiers_version": ctx["evaluation"]["version"]})
+
+
+def apply_step(ctx: JobContext) -> int:
+    """Split the scenes to extract into style phrase and content; MERGE into style_phrases. Returns their number."""
+    todo = scenes_to_extract(ctx.spark, ctx.cfg, ctx["fit"], ctx.incremental)
+    n_todo = todo.count()
+    ctx.counts["scenes_to_extract"] = n_todo
+    if n_todo:
+        ctx.counts.update(apply_extractors(ctx.spark, ctx.cfg, todo, n_todo, ctx["fit"], ctx.run_id))
+    return n_todo
+
+
+def report_step(ctx: JobContext) -> None:
+    stylized = read_stylized(ctx.spark, ctx.cfg) if ctx["stylized"] is None else ctx["stylized"]
+    factual = read_factual_for_classifiers(ctx.spark, ctx.cfg) if ctx["factual"] is None else ctx["factual"]
+    ctx.counts.update(report_phrases(ctx.spark, ctx.cfg, ctx.run_id, stylized, factual))
+
+
+EXTRACT_STEPS = (Step("fit", fit_step), Step("tag", tag_step), Step("apply", apply_step),
+                 Step("report", report_step, when=lambda ctx: bool(ctx["apply"])))
+
+
 def extract(spark: SparkSession, cfg: ErgConfig, *, incremental: bool = False) -> dict:
     """Fit what is missing (everything unless ``incremental``), apply the extractors, report."""
-    import mlflow
-
-    with job_run(cfg, "extract", sections=("extract", "style_sets"),
-                 params={"incremental": incremental}) as run:
-        run_id = run.info.run_id
-        counts: dict[str, float] = {}
-        extractors = current_extractors(cfg) if incremental else {name: None for name in cfg.style_sets}
-        evaluation = get_current(cfg, EVALUATION_CLASSIFIERS) if incremental else None
-        stylized = factual = None
-        if evaluation is None or any(record is None for record in extractors.values()):
-            stylized = read_stylized(spark, cfg)
-        for style_set, record in extractors.items():
-            if record is None:
-                extractors[style_set], metrics = fit_extractor(cfg, style_set, stylized, run_id)
-                counts.update(metrics)
-        if evaluation is None:
-            factual = read_factual_for_classifiers(spark, cfg)
-            counts["evaluation_classifier.factual_captions_sampled"] = float(factual.attrs["factual_captions_sampled"])
-            evaluation, metrics = fit_evaluation_classifiers(cfg, stylized, factual, run_id)
-            counts.update(metrics)
-        mlflow.set_tags({**{f"erg.classifier_version.{name}": r["version"] for name, r in extractors.items()},
-                         **{f"erg.style_head.{name}": f"{r['layer']},{r['head']}" for name, r in extractors.items()},
-                         "erg.evaluation_classifiers_version": evaluation["version"]})
-
-        todo = scenes_to_extract(spark, cfg, extractors, incremental)
-        n_todo = todo.count()
-        counts["scenes_to_extract"] = n_todo
-        if n_todo:
-            counts.update(apply_extractors(spark, cfg, todo, n_todo, extractors, run_id))
-            stylized = read_stylized(spark, cfg) if stylized is None else stylized
-            counts.update(report_phrases(spark, cfg, run_id, stylized, read_factual_for_classifiers(spark, cfg)
-                                         if factual is None else factual))
-        log_counts(counts)
-        return {**counts, "run_id": run_id,
-                "classifier_versions": {name: r["version"] for name, r in extractors.items()},
-                "evaluation_classifiers_version": evaluation["version"]}
+    return run_job(spark, cfg, "extract", EXTRACT_STEPS, sections=("extract", "style_sets"),
+                   params={"incremental": incremental}, incremental=incremental)

@@ -19,13 +19,14 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from jobs import reports
 from jobs.config import ErgConfig
-from jobs.extract import EVALUATION_CLASSIFIERS
-from jobs.leakage import leakage_counts
 from jobs.model_store import get_current, log_transformers_model, model_dir, require_current, set_current
+from jobs.runner import JobContext, Step, count_leakage, run_job
 from jobs.spark import default_parallelism, spread_tasks
 from jobs.tables import TABLES, merge_rows, query_captions, read_table
-from jobs.tracking import StepLogger, job_run, log_counts
+from jobs.tracking import StepLogger
+from jobs.vocabulary import EVALUATION_CLASSIFIERS, GENERATOR, GeneratorRecord
 from udfs.generation import SCORED_COLUMNS, make_candidate_scorer, make_generator
 from udfs.visual_relatedness import visual_options
 
@@ -263,7 +264,7 @@ def train_generator(spark: SparkSession, cfg: ErgConfig, run_id: str) -> dict:
     g = cfg.generate.generator
     train, held = training_pairs(spark, cfg)
     factual_words = factual_vocabulary(spark, cfg)
-    out_dir = model_dir(cfg, "generator", run_id)
+    out_dir = model_dir(cfg, GENERATOR, run_id)
     out_dir.mkdir(parents=True, exist_ok=True)
     lm_path, metrics = fit_style_lms(spark, cfg, train, held, out_dir)  # on the whole captions, before the re-split
     pairs, held_pairs, propensity_path, transfer_metrics = fit_phrase_transfer(cfg, train, held, out_dir)
@@ -284,7 +285,7 @@ def train_generator(spark: SparkSession, cfg: ErgConfig, run_id: str) -> dict:
                "vocabulary_path": vocabulary_path, "propensity_path": propensity_path,
                "max_source_len": g.max_source_len,
                "max_target_len": g.max_target_len, **fluency}
-    set_current(cfg, "generator", current, registered_version=registered)
+    set_current(cfg, GENERATOR, current, registered_version=registered)
     return {"current": current, "metrics": metrics}
 
 
@@ -384,9 +385,7 @@ def pass_rate_table(rows: DataFrame, by: list[str]) -> pd.DataFrame:
 
 
 def report_generation(spark: SparkSession, cfg: ErgConfig, run_id: str) -> dict[str, float]:
-    """Pass rates overall and per style, a bounded sample per style (Fig. 4) and the leakage counts."""
-    import mlflow
-
+    """Pass rates overall and per style, and a bounded sample per style (Fig. 4), of the rows run ``run_id`` wrote."""
     counts: dict[str, float] = {}
     written = read_table(spark, cfg, "augmented_captions").filter(F.col("run_id") == run_id)
     overall = pass_rate_table(written, [])
@@ -401,45 +400,67 @@ def report_generation(spark: SparkSession, cfg: ErgConfig, run_id: str) -> dict[
                 if k.startswith("pass_rate"):
                     counts[f"{k}/{r['style']}"] = float(v)
             counts[f"candidates/{r['style']}"] = int(r["n"])
-        mlflow.log_text(per_style.to_string(index=False), "pass_rates.txt")
-        mlflow.log_table(per_style, "pass_rates.json")
-        k = max(1, cfg.generate.samples_to_log)
-        pick = Window.partitionBy("style").orderBy(F.desc("passed"), F.xxhash64("query_id", "scene_id"))
-        samples = (written.withColumn("_n", F.row_number().over(pick)).where(F.col("_n") <= k)
-                   .select("style", "retrieval_type", "factual_caption", "style_phrase", "generated_caption",
-                           "similarity", "content_similarity", "perplexity", "style_probability", "passed",
-                           "reject_reason").toPandas())
-        mlflow.log_table(samples, "fig4_samples.json")
-    counts.update(leakage_counts(spark, cfg))
+        reports.log_pass_rates(per_style)
+        reports.log_fig4_samples(fig4_samples(written, cfg.generate.samples_to_log))
     return counts
 
 
-def generate_augmented(spark: SparkSession, cfg: ErgConfig, *, incremental: bool = False) -> dict:
-    import mlflow
+def fig4_samples(written: DataFrame, per_style: int) -> pd.DataFrame:
+    """At most ``per_style`` generated rows per style (passing ones first, then by a hash of the key): Fig. 4."""
+    pick = Window.partitionBy("style").orderBy(F.desc("passed"), F.xxhash64("query_id", "scene_id"))
+    return (written.withColumn("_n", F.row_number().over(pick)).where(F.col("_n") <= max(1, per_style))
+            .select("style", "retrieval_type", "factual_caption", "style_phrase", "generated_caption",
+                    "similarity", "content_similarity", "perplexity", "style_probability", "passed",
+                    "reject_reason").toPandas())
 
-    with job_run(cfg, "generate", sections=("generate",), params={"incremental": incremental}) as run:
-        run_id = run.info.run_id
-        counts: dict[str, float] = {}
-        current = get_current(cfg, "generator") if incremental else None
-        if current is None:
-            trained = train_generator(spark, cfg, run_id)
-            current = trained["current"]
-            counts.update(trained["metrics"])
-        classifiers = require_current(cfg, EVALUATION_CLASSIFIERS, "extract")
-        mlflow.set_tags({"erg.generator_version": current["version"],
-                         "erg.evaluation_classifiers_version": classifiers["version"]})
-        # a generator trained before the fluency filter existed has no discriminator: the filter is off, counted
-        counts["fluency.filter_off"] = int(cfg.generate.filters.fluency.enabled and not current.get("fluency_path"))
-        cand = candidates(spark, cfg, current["version"]).cache()
-        n_cand = cand.count()
-        counts["candidates"] = n_cand
-        if n_cand:
-            scored = apply_generator(spark, cfg, cand, n_cand, current, classifiers)
-            rows = (scored.withColumn("generator_version", F.lit(current["version"]))
-                    .withColumn("run_id", F.lit(run_id)).withColumn("created_at", F.current_timestamp()))
-            stats = merge_rows(spark, cfg, "augmented_captions", rows)
-            counts["augmented_captions.inserted"] = stats["inserted"]
-        cand.unpersist()
-        counts.update(report_generation(spark, cfg, run_id))
-        log_counts(counts)
-        return {**counts, "run_id": run_id, "generator_version": current["version"]}
+
+# ------------------------------------------------------------------------------------------------------- job
+def fit_step(ctx: JobContext) -> GeneratorRecord:
+    """The current generator (``incremental``), else one trained now (its metrics into the counts)."""
+    current = get_current(ctx.cfg, GENERATOR) if ctx.incremental else None
+    if current is None:
+        trained = train_generator(ctx.spark, ctx.cfg, ctx.run_id)
+        current = trained["current"]
+        ctx.counts.update(trained["metrics"])
+    ctx.summary["generator_version"] = current["version"]
+    return current
+
+
+def classifiers_step(ctx: JobContext) -> dict:
+    """The current evaluation classifiers (filter 1), and the versions of the models this run uses as tags."""
+    current = ctx["fit"]
+    classifiers = require_current(ctx.cfg, EVALUATION_CLASSIFIERS, "extract")
+    ctx.tag({"erg.generator_version": current["version"],
+             "erg.evaluation_classifiers_version": classifiers["version"]})
+    # a generator trained before the fluency filter existed has no discriminator: the filter is off, counted
+    ctx.counts["fluency.filter_off"] = int(ctx.cfg.generate.filters.fluency.enabled and not current.get("fluency_path"))
+    return classifiers
+
+
+def apply_step(ctx: JobContext) -> None:
+    """Generate and score the candidates not yet generated by this generator version; MERGE into augmented_captions."""
+    spark, cfg, current = ctx.spark, ctx.cfg, ctx["fit"]
+    cand = candidates(spark, cfg, current["version"]).cache()
+    n_cand = cand.count()
+    ctx.counts["candidates"] = n_cand
+    if n_cand:
+        scored = apply_generator(spark, cfg, cand, n_cand, current, ctx["classifiers"])
+        rows = (scored.withColumn("generator_version", F.lit(current["version"]))
+                .withColumn("run_id", F.lit(ctx.run_id)).withColumn("created_at", F.current_timestamp()))
+        ctx.counts["augmented_captions.inserted"] = merge_rows(spark, cfg, "augmented_captions", rows)["inserted"]
+    cand.unpersist()
+
+
+def report_step(ctx: JobContext) -> None:
+    ctx.counts.update(report_generation(ctx.spark, ctx.cfg, ctx.run_id))
+    count_leakage(ctx)
+
+
+GENERATE_STEPS = (Step("fit", fit_step), Step("classifiers", classifiers_step), Step("apply", apply_step),
+                  Step("report", report_step))
+
+
+def generate_augmented(spark: SparkSession, cfg: ErgConfig, *, incremental: bool = False) -> dict:
+    """fit -> apply -> report (module docstring); returns the counts, the run id and the generator version."""
+    return run_job(spark, cfg, "generate", GENERATE_STEPS, sections=("generate",),
+                   params={"incremental": incremental}, incremental=incremental)

@@ -28,16 +28,19 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 
+from jobs import reports
 from jobs.config import ErgConfig, IngestSource
 from jobs.readers import ReadResult, Reader, duplicate_examples, origin_counts, prepare, stable_id, tag_rows
+from jobs.runner import JobContext, Step, run_job
 from jobs.sample import sample_exists, sample_sources, write_sample
 from jobs.tables import TABLES, merge_rows, table_name
-from jobs.tracking import job_run, log_counts
 from jobs.watermarks import ingested_sources, record_ingested_sources
 
 TIME_COLUMN = {"quarantine": "quarantined_at"}
@@ -119,14 +122,142 @@ def _to_spark(spark: SparkSession, frame: pd.DataFrame, table: str, run_id: str,
 
 def _existing_stylized(spark: SparkSession, cfg: ErgConfig) -> dict[str, str]:
     """image id -> split of the images already in ``stylized_captions`` (the most held-out split of its rows)."""
-    from pyspark.sql import functions as F
-
     name = table_name(cfg, "stylized_captions")
     if not spark.catalog.tableExists(name):
         return {}
     rank = F.when(F.col("split") == "test", 3).when(F.col("split") == "val", 2).when(F.col("split") == "train", 1)
     rows = (spark.table(name).groupBy("image_id").agg(F.max(rank).alias("r")).collect())
     return {r.image_id: {3: "test", 2: "val", 1: "train"}.get(r.r) for r in rows}
+
+
+@dataclass
+class IngestPlan:
+    """What an ingest reads: the sources to read (``todo``) and those skipped as unchanged, what reading them gave
+    (rows and per-source counts), the splits of the stylized images already ingested, and the sources' fingerprints.
+    ``reread``: skipped sources read after all because the files bring new stylized images."""
+
+    todo: list[IngestSource]
+    skipped: list[IngestSource]
+    result: ReadResult
+    per_source: dict[str, dict]
+    existing: dict[str, str]
+    fingerprints: dict[str, str | None]
+    reread: int = 0
+
+
+def plan_ingest(spark: SparkSession, cfg: ErgConfig, sources: list[IngestSource]) -> IngestPlan:
+    """Read the sources that changed since the last ingest (all of them when new stylized images land); RuntimeError
+    before anything is written when a record is unaccounted for."""
+    existing = _existing_stylized(spark, cfg)
+    fingerprints = {source_key(s): source_fingerprint(s) for s in sources}
+    done = ingested_sources(spark, cfg, INGEST_TABLES) if cfg.ingest.skip_unchanged_sources else {}
+    skipped = [s for s in sources if fingerprints[source_key(s)] is not None
+               and done.get(source_key(s)) == fingerprints[source_key(s)]]
+    todo = [s for s in sources if s not in skipped]
+    result, per_source = read_sources(cfg, todo, known_stylized_images=set(existing))
+    plan = IngestPlan(todo, skipped, result, per_source, existing, fingerprints)
+    if skipped and {r["image_id"] for r in result.stylized} - set(existing):
+        # the protocol over every source: the new stylized images' splits, and their factual captions in the
+        # skipped files become scene descriptions
+        plan.reread, plan.skipped, plan.todo = len(skipped), [], sources
+        plan.result, plan.per_source = read_sources(cfg, sources, known_stylized_images=set(existing))
+    lost = {name: c["unaccounted"] for name, c in plan.per_source.items() if c["unaccounted"]}
+    if lost:  # before anything is written
+        raise RuntimeError(f"ingest lost track of records (read - kept - quarantined - duplicates per source: "
+                           f"{lost}); this is a bug in jobs.readers")
+    return plan
+
+
+def table_frames(plan: IngestPlan, fractions: dict[str, float]) -> tuple[dict[str, pd.DataFrame], int]:
+    """The rows per table, splits assigned (an image already ingested keeps its split); and how many stylized rows
+    took their split from the table."""
+    frames = {table: assign_splits(frame, fractions) for table, frame in plan.result.frames().items()}
+    stylized = frames["stylized_captions"]
+    if not plan.existing or stylized.empty:
+        return frames, 0
+    before = stylized["split"].copy()
+    stylized["split"] = stylized["image_id"].map(plan.existing).fillna(stylized["split"])
+    frames["stylized_captions"] = stylized
+    return frames, int((before != stylized["split"]).sum())
+
+
+def table_counts(table: str, frame: pd.DataFrame, inserted: int) -> dict[str, int]:
+    """``<table>.kept`` / ``.inserted`` (and ``.key_in_table``); the stylized rows and images per split."""
+    counts = {f"{table}.kept": len(frame), f"{table}.inserted": inserted}
+    if table in ("stylized_captions", "factual_captions"):  # e.g. a new file repeating ingested rows
+        counts[f"{table}.key_in_table"] = len(frame) - inserted
+    if table == "stylized_captions":
+        for split, n in frame["split"].value_counts().items():
+            counts[f"stylized_captions.split.{split}"] = int(n)
+        for split, n in frame.drop_duplicates("image_id")["split"].value_counts().items():
+            counts[f"stylized_captions.images.{split}"] = int(n)
+    return counts
+
+
+def write_tables(spark: SparkSession, cfg: ErgConfig, frames: dict[str, pd.DataFrame], plan: IngestPlan,
+                 run_id: str) -> dict[str, int]:
+    """MERGE every table's rows on its natural key, stamped with the run id and the ingest time; the counts."""
+    now = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+    counts: dict[str, int] = {}
+    for table, frame in frames.items():
+        if frame.empty and plan.skipped:  # the tables exist (their ids matched): nothing to merge
+            stats = {"inserted": 0}
+        else:
+            df = _to_spark(spark, frame, table, run_id, now)
+            stats = merge_rows(spark, cfg, table, df,
+                               fill_nulls=("uri", "tags", "descriptions", "width", "height", "tags_confidence")
+                               if table == "images" else ())
+        counts.update(table_counts(table, frame, stats["inserted"]))
+    return counts
+
+
+def accounting_counts(plan: IngestPlan, counts: dict[str, int]) -> dict[str, int]:
+    """Every record accounted for (module docstring): read per table, duplicates, scene descriptions, the per-source
+    ``read = kept + quarantined + duplicates`` and the sources read or skipped. ``counts``: the tables' counts."""
+    result, per_source = plan.result, plan.per_source
+    n_dup = {kind: sum(1 for d in result.duplicates if (key in d)) for kind, key in
+             (("stylized_captions", "scene_id"), ("factual_captions", "caption_id"))}
+    out = {"stylized_captions.duplicates": n_dup["stylized_captions"],
+           "stylized_captions.read": counts["stylized_captions.kept"] + n_dup["stylized_captions"],
+           "factual_captions.duplicates": n_dup["factual_captions"],
+           "factual_captions.excluded_stylized_image": len(result.descriptions),
+           "factual_captions.read": (counts["factual_captions.kept"] + n_dup["factual_captions"]
+                                     + len(result.descriptions)),
+           "images.descriptions": len(result.descriptions),
+           "images.with_descriptions": len({d["image_id"] for d in result.descriptions}),
+           "quarantine.read": counts["quarantine.kept"]}
+    for part in ACCOUNTING:
+        out[f"rows.{part}"] = sum(c[part] for c in per_source.values())
+    for name, c in per_source.items():
+        out.update({f"source.{name}.{k}": v for k, v in c.items() if v or k in ACCOUNTING})
+    out.update({"sources.read": len(plan.todo), "sources.skipped_unchanged": len(plan.skipped),
+                "sources.reread_for_new_stylized_images": plan.reread})
+    return out
+
+
+def plan_step(ctx: JobContext) -> IngestPlan:
+    return plan_ingest(ctx.spark, ctx.cfg, ctx["sources"])
+
+
+def write_step(ctx: JobContext) -> None:
+    plan = ctx["plan"]
+    frames, kept_split = table_frames(plan, ctx.cfg.ingest.split_fractions)
+    ctx.counts.update(write_tables(ctx.spark, ctx.cfg, frames, plan, ctx.run_id))
+    ctx.counts["stylized_captions.split_from_table"] = kept_split
+    ctx.counts.update(accounting_counts(plan, ctx.counts))
+
+
+def report_step(ctx: JobContext) -> None:
+    """The accounting artifacts; then the sources read are recorded as ingested (a rerun skips them)."""
+    plan = ctx["plan"]
+    reports.log_ingest(plan.per_source, [q["reason"] for q in plan.result.quarantine],
+                       duplicate_examples(plan.result), summary_lines(plan.per_source))
+    record_ingested_sources(ctx.spark, ctx.cfg, INGEST_TABLES,
+                            {source_key(s): plan.fingerprints[source_key(s)] for s in plan.todo})
+    ctx.summary.update({"sources": plan.per_source, "skipped_sources": [s.name or s.format for s in plan.skipped]})
+
+
+INGEST_STEPS = (Step("plan", plan_step), Step("write", write_step), Step("report", report_step))
 
 
 def ingest(spark: SparkSession, cfg: ErgConfig, sources: list[IngestSource] | None = None) -> dict[str, int]:
@@ -138,84 +269,7 @@ def ingest(spark: SparkSession, cfg: ErgConfig, sources: list[IngestSource] | No
             write_sample(cfg)
         sources = sample_sources(cfg)
     params = {"sources": [s.path for s in sources], "splits": cfg.ingest.splits.model_dump()}
-    with job_run(cfg, "ingest", params=params) as run:
-        existing = _existing_stylized(spark, cfg)
-        fingerprints = {source_key(s): source_fingerprint(s) for s in sources}
-        done = ingested_sources(spark, cfg, INGEST_TABLES) if cfg.ingest.skip_unchanged_sources else {}
-        skipped = [s for s in sources if fingerprints[source_key(s)] is not None
-                   and done.get(source_key(s)) == fingerprints[source_key(s)]]
-        todo = [s for s in sources if s not in skipped]
-        result, per_source = read_sources(cfg, todo, known_stylized_images=set(existing))
-        new_images = {r["image_id"] for r in result.stylized} - set(existing)
-        reread = 0
-        if skipped and new_images:  # the protocol over every source: the new stylized images' splits, and their
-            # factual captions in the skipped files become scene descriptions
-            reread, skipped, todo = len(skipped), [], sources
-            result, per_source = read_sources(cfg, sources, known_stylized_images=set(existing))
-        lost = {name: c["unaccounted"] for name, c in per_source.items() if c["unaccounted"]}
-        if lost:  # before anything is written
-            raise RuntimeError(f"ingest lost track of records (read - kept - quarantined - duplicates per source: "
-                               f"{lost}); this is a bug in jobs.readers")
-        now = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
-        frames = {table: assign_splits(frame, cfg.ingest.split_fractions) for table, frame in result.frames().items()}
-        stylized = frames["stylized_captions"]
-        if existing and not stylized.empty:  # an image already ingested keeps its split
-            before = stylized["split"].copy()
-            stylized["split"] = stylized["image_id"].map(existing).fillna(stylized["split"])
-            frames["stylized_captions"] = stylized
-            counts_kept_split = int((before != stylized["split"]).sum())
-        else:
-            counts_kept_split = 0
-        counts: dict[str, int] = {}
-        for table, frame in frames.items():
-            if frame.empty and skipped:  # the tables exist (their ids matched): nothing to merge
-                stats = {"inserted": 0}
-            else:
-                df = _to_spark(spark, frame, table, run.info.run_id, now)
-                stats = merge_rows(spark, cfg, table, df,
-                                   fill_nulls=("uri", "tags", "descriptions", "width", "height", "tags_confidence")
-                                   if table == "images" else ())
-            counts[f"{table}.kept"] = len(frame)
-            counts[f"{table}.inserted"] = stats["inserted"]
-            if table in ("stylized_captions", "factual_captions"):  # e.g. a new file repeating ingested rows
-                counts[f"{table}.key_in_table"] = len(frame) - stats["inserted"]
-            if table == "stylized_captions":
-                for split, n in frame["split"].value_counts().items():
-                    counts[f"stylized_captions.split.{split}"] = int(n)
-                for split, n in frame.drop_duplicates("image_id")["split"].value_counts().items():
-                    counts[f"stylized_captions.images.{split}"] = int(n)
-        n_dup = {kind: sum(1 for d in result.duplicates if (key in d)) for kind, key in
-                 (("stylized_captions", "scene_id"), ("factual_captions", "caption_id"))}
-        counts["stylized_captions.duplicates"] = n_dup["stylized_captions"]
-        counts["stylized_captions.read"] = counts["stylized_captions.kept"] + n_dup["stylized_captions"]
-        counts["stylized_captions.split_from_table"] = counts_kept_split
-        counts["factual_captions.duplicates"] = n_dup["factual_captions"]
-        counts["factual_captions.excluded_stylized_image"] = len(result.descriptions)
-        counts["factual_captions.read"] = (counts["factual_captions.kept"] + n_dup["factual_captions"]
-                                           + len(result.descriptions))
-        counts["images.descriptions"] = len(result.descriptions)
-        counts["images.with_descriptions"] = len({d["image_id"] for d in result.descriptions})
-        counts["quarantine.read"] = counts["quarantine.kept"]
-        for part in ACCOUNTING:
-            counts[f"rows.{part}"] = sum(c[part] for c in per_source.values())
-        for name, c in per_source.items():
-            counts.update({f"source.{name}.{k}": v for k, v in c.items() if v or k in ACCOUNTING})
-        counts["sources.read"] = len(todo)
-        counts["sources.skipped_unchanged"] = len(skipped)
-        counts["sources.reread_for_new_stylized_images"] = reread
-        log_counts(counts)
-        import mlflow
-
-        mlflow.log_dict(per_source, "ingest_sources.json")
-        reasons = pd.Series([q["reason"] for q in result.quarantine], dtype=object).value_counts().to_dict()
-        mlflow.log_dict({str(k): int(v) for k, v in reasons.items()}, "quarantine_reasons.json")
-        mlflow.log_dict(duplicate_examples(result), "duplicates.json")
-        mlflow.log_text("\n".join(summary_lines(per_source)) + "\n", "ingest_summary.txt")
-        record_ingested_sources(spark, cfg, INGEST_TABLES, {source_key(s): fingerprints[source_key(s)] for s in todo})
-        counts["run_id"] = run.info.run_id
-        counts["sources"] = per_source
-        counts["skipped_sources"] = [s.name or s.format for s in skipped]
-        return counts
+    return run_job(spark, cfg, "ingest", INGEST_STEPS, params=params, inputs={"sources": sources})
 
 
 #: the parts of every source's accounting: read = kept + quarantined + duplicates
@@ -224,9 +278,4 @@ ACCOUNTING = ("read", "kept", "quarantined", "duplicates", "unaccounted")
 
 def summary_lines(per_source: dict[str, dict[str, int]]) -> list[str]:
     """A table of every source's read = kept + quarantined + duplicates (what ``erg ingest`` prints)."""
-    rows = [(name, *(c[k] for k in ACCOUNTING[:4])) for name, c in sorted(per_source.items())]
-    rows.append(("total", *(sum(r[i] for r in rows) for i in range(1, 5))))
-    width = max(len(r[0]) for r in [("source",), *rows])
-    lines = [f"{'source':<{width}}  {'read':>8} = {'kept':>8} + {'quarantined':>11} + {'duplicates':>10}"]
-    lines += [f"{n:<{width}}  {r:>8,} = {k:>8,} + {q:>11,} + {d:>10,}" for n, r, k, q, d in rows]
-    return lines
+    return reports.summary_lines(per_source, ACCOUNTING)

@@ -3,46 +3,53 @@ child run per stage. ``incremental`` reuses the current classifier and generator
 from __future__ import annotations
 
 import time
+from typing import Any, Callable
 
 from pyspark.sql import SparkSession
 
 from jobs.config import ErgConfig
-from jobs.tracking import configure_mlflow, log_counts
+from jobs.embed import embed
+from jobs.extract import extract
+from jobs.generate import generate_augmented
+from jobs.ingest import ingest
+from jobs.retrieve import retrieve
+from jobs.runner import parent_run
+from jobs.tracking import log_counts
 
 STAGES = ("ingest", "extract", "embed", "retrieve", "generate")
 
+#: each stage's job through its public function: (spark, cfg, incremental) -> the job's result
+STAGE_JOBS: dict[str, Callable[[SparkSession, ErgConfig, bool], dict]] = {
+    "ingest": lambda spark, cfg, incremental: ingest(spark, cfg),
+    "extract": lambda spark, cfg, incremental: extract(spark, cfg, incremental=incremental),
+    "embed": lambda spark, cfg, incremental: embed(spark, cfg),
+    # incremental: only what embeddings gained since the last retrieval is searched (jobs.retrieve)
+    "retrieve": lambda spark, cfg, incremental: retrieve(spark, cfg, incremental=incremental),
+    "generate": lambda spark, cfg, incremental: generate_augmented(spark, cfg, incremental=incremental),
+}
 
-def run_pipeline(spark: SparkSession, cfg: ErgConfig, *, incremental: bool = False) -> dict:
-    import mlflow
+
+def run_stage(spark: SparkSession, cfg: ErgConfig, number: int, stage: str, incremental: bool, console) -> dict:
+    """One stage's job (a child run of the active parent); its seconds as ``stage_seconds.<stage>`` at step
+    ``number``."""
+    console.rule(f"[bold]{number}/{len(STAGES)} {stage}")
+    started = time.time()
+    result = STAGE_JOBS[stage](spark, cfg, incremental)
+    seconds = time.time() - started
+    log_counts({f"stage_seconds.{stage}": seconds}, step=number)
+    console.print(f"{stage}: {seconds:.1f}s")
+    return result
+
+
+def run_pipeline(spark: SparkSession, cfg: ErgConfig, *, incremental: bool = False) -> dict[str, Any]:
     from rich.console import Console
 
-    from jobs.embed import embed
-    from jobs.extract import extract
-    from jobs.generate import generate_augmented
-    from jobs.ingest import ingest
-    from jobs.retrieve import retrieve
-
-    stage_fns = {
-        "ingest": lambda: ingest(spark, cfg),
-        "extract": lambda: extract(spark, cfg, incremental=incremental),
-        "embed": lambda: embed(spark, cfg),
-        # incremental: only what embeddings gained since the last retrieval is searched (jobs.retrieve)
-        "retrieve": lambda: retrieve(spark, cfg, incremental=incremental),
-        "generate": lambda: generate_augmented(spark, cfg, incremental=incremental),
-    }
     console = Console(stderr=True)
-    experiment_id = configure_mlflow(cfg)
-    results: dict[str, dict] = {}
+    results: dict[str, Any] = {}
     # nested under an active run (e.g. ``erg experiment``'s, which reruns ERG at each Fig. 5 eps)
-    with mlflow.start_run(run_name="erg run", experiment_id=experiment_id, nested=mlflow.active_run() is not None,
-                          tags={"erg.job": "run", "erg.conf": cfg.name,
-                                "erg.incremental": str(incremental).lower()}) as parent:
+    with parent_run(cfg, "erg run", tags={"erg.job": "run", "erg.conf": cfg.name,
+                                          "erg.incremental": str(incremental).lower()}) as parent:
         for number, stage in enumerate(STAGES, start=1):
-            console.rule(f"[bold]{number}/{len(STAGES)} {stage}")
-            started = time.time()
-            results[stage] = stage_fns[stage]()
-            seconds = time.time() - started
-            log_counts({f"stage_seconds.{stage}": seconds}, step=number)
-            console.print(f"{stage}: {seconds:.1f}s")
+            results[stage] = run_stage(spark, cfg, number, stage, incremental, console)
         results["parent_run_id"] = parent.info.run_id
     return results

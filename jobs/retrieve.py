@@ -41,12 +41,12 @@ from pyspark.sql import Window
 from pyspark.sql import functions as F
 
 from jobs.config import ErgConfig, IndexConf
-from jobs.embed import encoder_spec
 from jobs.errors import UserError
 from jobs.leakage import leakage_counts, retrievals_leakage
 from jobs.spark import has_spark_context
 from jobs.tables import append_rows, apply_changes, query_captions, read_table, table_name
 from jobs.tracking import job_run, log_counts, step_seconds
+from jobs.vocabulary import encoder_spec
 from jobs.watermarks import record_version as record_watermark
 from jobs.watermarks import table_version, watermark_version
 from models.scene_index import SceneIndex, build_scene_index, faiss_gpu_fallback_reason, retrieval_modalities

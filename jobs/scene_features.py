@@ -39,6 +39,7 @@ from pyspark.sql import functions as F
 from jobs.config import CONTEXT_SOURCES, ErgConfig
 from jobs.spark import default_parallelism, spread_tasks
 from jobs.tables import is_delta_table, read_table
+from jobs.vocabulary import image_vectors, latest_image_encoder
 
 logger = logging.getLogger(__name__)
 
@@ -272,8 +273,6 @@ def region_features(spark: SparkSession, cfg: ErgConfig, pairs: DataFrame) -> Sc
 
 def retrieval_embedding_features(spark: SparkSession, cfg: ErgConfig, pairs: DataFrame) -> SceneFeatures:
     """The retrieval encoder's image vector from ``embeddings`` (the most recent image encoder version)."""
-    from jobs.train import image_vectors, latest_image_encoder
-
     version = latest_image_encoder(spark, cfg)
     vectors = image_vectors(spark, cfg, version)
     first = vectors.select(F.size("features").alias("d")).first()

@@ -33,51 +33,22 @@ from urllib.parse import urlparse
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from jobs import reports
 from jobs.config import ErgConfig
 from jobs.model_store import model_dir, set_current
+from jobs.runner import JobContext, Step, run_job
+from jobs.scene_features import SceneFeatures, scene_features
 from jobs.tables import read_table
-from jobs.tracking import job_run, log_counts
+from jobs.vocabulary import CaptionerRecord, captioner_kind, captioner_variant
 
 logger = logging.getLogger(__name__)
 
-VARIANTS = ("original", "augmented")
 ORIGINS = ("original", "augmented")
 INSTALL_HOROVOD = "scripts/install_horovod.sh"
 SUMMARY_FILE = "train_summary.json"
 READERS = ("parquet", "mds", "petastorm")
 MDS_INDEX_COLUMN = "row_index"
 SOURCE_COLUMN = "source_caption"  # the snapshot's factual source of an augmented caption ("" for an original pair)
-
-
-def captioner_variant(cfg: ErgConfig) -> str:
-    """``augmented`` when the conf trains on original + augmented pairs, else ``original``."""
-    return "augmented" if cfg.train.use_augmented else "original"
-
-
-def captioner_kind(variant: str) -> str:
-    """The model-store kind of a variant's current captioner, e.g. ``captioner_augmented``."""
-    if variant not in VARIANTS:
-        raise ValueError(f"captioner variant must be one of {list(VARIANTS)}, got {variant!r}")
-    return f"captioner_{variant}"
-
-
-def latest_image_encoder(spark: SparkSession, cfg: ErgConfig) -> str:
-    """The encoder version of the most recent image embedding; RuntimeError if ``embeddings`` has no image rows."""
-    row = (read_table(spark, cfg, "embeddings")
-           .filter((F.col("item_kind") == "image") & (F.col("modality") == "image"))
-           .orderBy(F.col("created_at").desc(), F.col("encoder_version")).select("encoder_version").first())
-    if row is None:
-        raise RuntimeError("embeddings holds no image vectors (item_kind 'image'): run `erg embed` first")
-    return row.encoder_version
-
-
-def image_vectors(spark: SparkSession, cfg: ErgConfig, encoder_version: str) -> DataFrame:
-    """``image_id, features`` of every image embedded by ``encoder_version``."""
-    return (read_table(spark, cfg, "embeddings")
-            .filter((F.col("item_kind") == "image") & (F.col("modality") == "image")
-                    & (F.col("encoder_version") == encoder_version))
-            .select(F.col("item_id").alias("image_id"), F.col("vector").alias("features"))
-            .dropDuplicates(["image_id"]))
 
 
 def training_pairs(spark: SparkSession, cfg: ErgConfig, generator_version: str | None = None) -> DataFrame:
@@ -287,19 +258,6 @@ def _launch(cfg: ErgConfig, function, argument) -> None:
                          use_gpu=t.use_gpu).run(function, argument)
 
 
-def _log_loss_curve(run_id: str, summary: dict[str, Any]) -> None:
-    """Every step's loss (mean over ranks) and every epoch's mean loss as MLflow metric histories."""
-    from mlflow.entities import Metric
-    from mlflow.tracking import MlflowClient
-
-    now = int(time.time() * 1000)
-    metrics = [Metric("loss", float(v), now, step) for step, v in enumerate(summary["losses"], start=1)]
-    metrics += [Metric("epoch_loss", float(v), now, epoch) for epoch, v in enumerate(summary["epoch_losses"])]
-    client = MlflowClient()
-    for start in range(0, len(metrics), 1000):  # log_batch takes at most 1000 metrics
-        client.log_batch(run_id, metrics=metrics[start:start + 1000])
-
-
 def snapshot_config(spark: SparkSession, cfg: ErgConfig, pairs: DataFrame, folder: Path, regions: int
                     ) -> tuple[dict[str, Any], int, str | None]:
     """Write ``pairs`` (with ``features`` and ``n_regions``, none null) as the training snapshot under
@@ -319,58 +277,79 @@ def fit_captioner(spark: SparkSession, cfg: ErgConfig, pairs: DataFrame, folder:
     return run_distributed(cfg, config), n_files, fallback
 
 
-def train(spark: SparkSession, cfg: ErgConfig) -> dict[str, Any]:
-    """Train the conf's captioner variant; returns the counts it logged, the losses, the model path and run id."""
-    import mlflow
+def check_step(ctx: JobContext) -> DataFrame:
+    """The pairs with their features, counted per origin (cached until the job ends); RuntimeError when no pair has
+    features (or no augmented pair has, with ``train.use_augmented``)."""
+    features: SceneFeatures = ctx["features"]
+    joined, counts, styles = count_features(features.frame)
+    ctx.on_exit(joined.unpersist)
+    ctx.counts.update(counts)
+    ctx.summary["styles"] = styles
+    missing = {k: v for k, v in counts.items() if k.startswith("rows_without_vector") and v}
+    if missing:
+        logger.warning("training pairs without scene features (%s) are left out: %s", features.kind, missing)
+    if sum(counts[f"rows.{origin}"] for origin in ORIGINS) == 0:
+        raise RuntimeError(f"no training pairs with scene features ({features.description}): {counts}; "
+                           "run `erg ingest` first, or choose other train.features")
+    if ctx.cfg.train.use_augmented and counts["rows.augmented"] == 0:
+        raise RuntimeError("train.use_augmented is true but training_set has no augmented pairs with scene "
+                           "features: run `erg generate` first, or set train.use_augmented=false")
+    return joined
 
-    from jobs.scene_features import scene_features
 
-    variant = captioner_variant(cfg)
-    t = cfg.train
-    check_hparams(cfg)
-    pairs = training_pairs(spark, cfg)
-    features = scene_features(spark, cfg, pairs)
-    encoder_version = features.version
-    with job_run(cfg, "train", sections=("train",),
-                 params={"variant": variant, "encoder_version": encoder_version, "features": features.kind}) as run:
-        run_id = run.info.run_id
-        mlflow.set_tags({"erg.captioner_variant": variant, "erg.encoder_version": encoder_version,
-                         "erg.backend": t.backend, "erg.features": features.description[:5000]})
-        joined, counts, styles = count_features(features.frame)
-        try:
-            missing = {k: v for k, v in counts.items() if k.startswith("rows_without_vector") and v}
-            if missing:
-                logger.warning("training pairs without scene features (%s) are left out: %s", features.kind, missing)
-            total = sum(counts[f"rows.{origin}"] for origin in ORIGINS)
-            if total == 0:
-                raise RuntimeError(f"no training pairs with scene features ({features.description}): {counts}; "
-                                   "run `erg ingest` first, or choose other train.features")
-            if t.use_augmented and counts["rows.augmented"] == 0:
-                raise RuntimeError("train.use_augmented is true but training_set has no augmented pairs with scene "
-                                   "features: run `erg generate` first, or set train.use_augmented=false")
-            folder = model_dir(cfg, "captioner", run_id)
-            started = time.time()
-            summary, n_files, fallback = fit_captioner(spark, cfg, joined.filter(F.col("features").isNotNull()),
-                                                       folder, features.regions)
-        finally:
-            joined.unpersist()
-        mlflow.set_tag("erg.reader", "parquet" if fallback else t.reader)
-        if fallback:
-            mlflow.set_tag("erg.reader_fallback", fallback[:5000])
-        counts.update({"rows": total, "train_seconds": time.time() - started, "loss_first": summary["loss_first"],
+def fit_step(ctx: JobContext) -> dict[str, Any]:
+    """Snapshot the pairs with features and train the captioner under ``train.backend``; rank 0's summary."""
+    folder = model_dir(ctx.cfg, "captioner", ctx.run_id)
+    started = time.time()
+    summary, n_files, fallback = fit_captioner(ctx.spark, ctx.cfg, ctx["check"].filter(F.col("features").isNotNull()),
+                                               folder, ctx["features"].regions)
+    ctx.counts.update({"rows": sum(ctx.counts[f"rows.{origin}"] for origin in ORIGINS),
+                       "train_seconds": time.time() - started, "loss_first": summary["loss_first"],
                        "loss_last": summary["loss_last"], "steps": summary["steps"],
                        "world_size": summary["world_size"], "vocab_size": summary["vocab_size"],
-                       "snapshot_files": n_files, **features.counts})
-        log_counts(counts)
-        _log_loss_curve(run_id, summary)
-        mlflow.log_artifacts(str(folder / "model"), "captioner")  # weights, vocabulary, config, train_summary.json
-        current = {"path": str(folder / "model"), "version": run_id, "variant": variant, "kind": t.captioner,
-                   "styles": styles, "encoder_version": encoder_version, "features": features.kind,
-                   "regions": features.regions, "rows": total,
-                   "rows_augmented": counts["rows.augmented"], "loss_first": summary["loss_first"],
-                   "loss_last": summary["loss_last"], "backend": summary["backend"],
-                   "world_size": summary["world_size"]}
-        set_current(cfg, captioner_kind(variant), current)
-        return {**counts, "run_id": run_id, "variant": variant, "model_path": current["path"], "styles": styles,
-                "encoder_version": encoder_version, "losses": summary["losses"], "backend": summary["backend"],
-                "reader": "parquet" if fallback else t.reader, "reader_fallback": fallback}
+                       "snapshot_files": n_files, **ctx["features"].counts})
+    reader = "parquet" if fallback else ctx.cfg.train.reader
+    ctx.tag({"erg.reader": reader, **({"erg.reader_fallback": fallback[:5000]} if fallback else {})})
+    ctx.summary.update({"losses": summary["losses"], "backend": summary["backend"], "reader": reader,
+                        "reader_fallback": fallback})
+    return {**summary, "folder": folder}
+
+
+def record_step(ctx: JobContext) -> CaptionerRecord:
+    """The loss curve and the model as artifacts; the model recorded as the variant's current captioner."""
+    import mlflow
+
+    fit, features, t = ctx["fit"], ctx["features"], ctx.cfg.train
+    reports.log_loss_curve(ctx.run_id, fit)
+    mlflow.log_artifacts(str(fit["folder"] / "model"), "captioner")  # weights, vocabulary, config, summary
+    current: CaptionerRecord = {
+        "path": str(fit["folder"] / "model"), "version": ctx.run_id, "variant": ctx["variant"], "kind": t.captioner,
+        "styles": ctx.summary["styles"], "encoder_version": features.version, "features": features.kind,
+        "regions": features.regions, "rows": ctx.counts["rows"], "rows_augmented": ctx.counts["rows.augmented"],
+        "loss_first": fit["loss_first"], "loss_last": fit["loss_last"], "backend": fit["backend"],
+        "world_size": fit["world_size"]}
+    set_current(ctx.cfg, captioner_kind(ctx["variant"]), current)
+    ctx.summary["model_path"] = current["path"]
+    return current
+
+
+def tag_step(ctx: JobContext) -> None:
+    features = ctx["features"]
+    ctx.tag({"erg.captioner_variant": ctx["variant"], "erg.encoder_version": features.version,
+             "erg.backend": ctx.cfg.train.backend, "erg.features": features.description[:5000]})
+
+
+TRAIN_STEPS = (Step("tag", tag_step), Step("check", check_step), Step("fit", fit_step),
+               Step("record", record_step))
+
+
+def train(spark: SparkSession, cfg: ErgConfig) -> dict[str, Any]:
+    """Train the conf's captioner variant; returns the counts it logged, the losses, the model path and run id."""
+    variant = captioner_variant(cfg)
+    check_hparams(cfg)
+    features = scene_features(spark, cfg, training_pairs(spark, cfg))
+    return run_job(spark, cfg, "train", TRAIN_STEPS, sections=("train",),
+                   params={"variant": variant, "encoder_version": features.version, "features": features.kind},
+                   inputs={"variant": variant, "features": features},
+                   result=lambda ctx: {**ctx.counts, **ctx.summary, "run_id": ctx.run_id, "variant": variant,
+                                       "encoder_version": features.version})

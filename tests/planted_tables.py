@@ -19,7 +19,7 @@ def append_rows(spark, cfg, table: str, frame) -> None:
 def set_current_scoring(cfg, stylized, factual, styles: list[str], generator_version: str) -> None:
     """Evaluation classifiers (style vs factual, linear probes over MiniLM) and per-style trigram LMs (train split),
     recorded as the current ones (what ``erg extract`` / ``erg generate`` leave)."""
-    from jobs.extract import EVALUATION_CLASSIFIERS
+    from jobs.vocabulary import EVALUATION_CLASSIFIERS
     from jobs.model_store import model_dir, set_current
     from models.caption_scoring import train_evaluation_classifiers
     from models.trigram_lm import StyleLanguageModels

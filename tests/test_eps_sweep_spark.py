@@ -20,7 +20,7 @@ EPS = 0.5
 def swept(spark, erg_home) -> dict:
     from jobs.config import load_config
     from jobs.experiment import run_experiment
-    from jobs.extract import EVALUATION_CLASSIFIERS, classifier_kind
+    from jobs.vocabulary import EVALUATION_CLASSIFIERS, classifier_kind
     from jobs.model_store import get_current
     from jobs.pipeline import run_pipeline
     from jobs.spark import get_spark
@@ -46,7 +46,7 @@ def swept(spark, erg_home) -> dict:
 
 def test_the_eps_run_reuses_the_classifiers_and_extracts_at_its_eps(spark, swept) -> None:
     from jobs.eps_sweep import eps_config
-    from jobs.extract import EVALUATION_CLASSIFIERS, classifier_kind
+    from jobs.vocabulary import EVALUATION_CLASSIFIERS, classifier_kind
     from jobs.model_store import get_current
     from jobs.tables import read_table
     from models.style_phrases import phrase_size

@@ -7,9 +7,10 @@ import math
 import mlflow
 import pytest
 
-from jobs.extract import (EVALUATION_CLASSIFIERS, classifier_kind, extract, factual_pool, set_classifier_data)
+from jobs.extract import extract, factual_pool, set_classifier_data
 from jobs.ingest import ingest
 from jobs.model_store import get_current, registered_name
+from jobs.vocabulary import EVALUATION_CLASSIFIERS, classifier_kind
 from jobs.spark import get_spark
 from jobs.tables import table_name
 

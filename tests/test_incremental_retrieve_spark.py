@@ -55,7 +55,7 @@ def _corpus():
 
 
 def _plant(spark, cfg, scenes, queries, vectors):
-    from jobs.embed import encoder_spec
+    from jobs.vocabulary import encoder_spec
     from udfs.embedding import encoder_identity
 
     version = encoder_identity(encoder_spec(cfg)).version

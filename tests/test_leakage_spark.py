@@ -33,7 +33,7 @@ def _write(spark, cfg, table, rows):
 def planted(spark, fresh_cfg):
     """Scenes on images A (train), B (test), C (val), D (train); a factual caption on image E whose vectors equal
     the test scene's (the best hit), the val scene's next, then A's."""
-    from jobs.embed import encoder_spec
+    from jobs.vocabulary import encoder_spec
     from udfs.embedding import encoder_identity
 
     cfg = fresh_cfg.model_copy(deep=True)

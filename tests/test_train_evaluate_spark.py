@@ -32,7 +32,7 @@ NIC = "{embed_dim: 32, hidden_dim: 64}"
 
 def _load_sample(spark, cfg) -> tuple:
     """The sample's stylized captions and image vectors in the tables; returns (factual captions, encoder)."""
-    from jobs.embed import encoder_spec
+    from jobs.vocabulary import encoder_spec
     from jobs.ingest import assign_splits, read_sources
     from jobs.sample import sample_sources, write_sample
     from udfs.embedding import embed_batch, encoder_identity
@@ -212,7 +212,8 @@ def test_evaluate_and_train_refuse_bad_input(trained: dict, tmp_path: Path) -> N
     from jobs.config import load_config
     from jobs.evaluate import style_scores, trained_captioners
     from jobs.model_store import set_current
-    from jobs.train import captioner_kind, check_hparams
+    from jobs.train import check_hparams
+    from jobs.vocabulary import captioner_kind
 
     empty = load_config("test", [f"home={tmp_path}"])
     with pytest.raises(ValueError, match="no trained captioner"):
