@@ -65,7 +65,7 @@ def write_results(result: dict[str, Any], out_dir: str | Path) -> dict[str, str]
             "cells": [{k: row.get(k) for k in ROW_KEYS} for row in result["rows"]],
             "table5": {k: v for k, v in (result.get("table5") or {}).items() if k != "markdown"},
             "fig5": {k: v for k, v in (result.get("fig5") or {}).items() if k not in ("markdown", "eps_markdown")},
-            "modes": result.get("modes") or []}
+            "modes": result.get("modes") or [], "tuning": result.get("tuning")}
     json_path = out / "table2.json"
     json_path.write_text(json.dumps(data, indent=2, default=str) + "\n")
     md_path = out / "table2.md"

@@ -104,7 +104,7 @@ def cmd_experiment(cfg, args) -> dict:
 
     result = run_experiment(get_spark(cfg), cfg)
     keep = ("run_id", "styles", "captioners", "not_measured", "leakage", "report_dir", "seconds")
-    return {**{k: result.get(k) for k in keep},
+    return {**{k: result.get(k) for k in keep}, "tuning": (result.get("tuning") or {}).get("chosen"),
             "table2": [{k: r[k] for k in ("style", "captioner", "variant", "bleu1", "bleu3", "meteor", "cider",
                                           "cls", "cls_independent", "ppl", "train_pairs")} for r in result["rows"]]}
 

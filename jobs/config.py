@@ -570,6 +570,37 @@ class AblationConf(_Section):
         "the style (the lowest hash first), so that it can pass as many pairs as ERG's pool holds")
 
 
+class TuningConf(_Section):
+    """The val-scored sweep of ``erg experiment`` (:mod:`jobs.tuning`): training knobs chosen on the val split before
+    Table 2, by a criterion declared here, so that the test split never chooses a setting."""
+    enabled: bool = Field(True, description="false skips the sweep: Table 2 trains with the conf's values")
+    knobs: dict[str, list[Any]] = Field(
+        default_factory=dict, description="dotted conf key -> candidate values, swept one knob at a time in this "
+        "order (the knobs before it at their chosen values, those after it at the conf's), e.g. "
+        "{train.inserted_word_weight: [1, 4]}; keys a captioner cell picks up without ERG running again: train.* "
+        "(not how it runs: seed, captioner, backend, ...), evaluate.max_len, evaluate.no_repeat_ngram_size, "
+        "experiment.hparams.<kind>.<name>, experiment.epochs.<set>; {} = no sweep")
+    captioner: Literal["nic", "transformer", "updown"] = Field("nic", description="the captioner of the tuning cells")
+    styles: Optional[list[str]] = Field(None, description="styles the criterion averages over; null = Table 2's "
+                                        "styles (experiment.styles, else styles)")
+    seed: Optional[Annotated[int, Field(strict=True, ge=0)]] = Field(
+        None, description="the tuning cells' seed; null = the first of experiment.seeds")
+    criterion: Literal["delta_cls", "delta_cls_independent"] = Field(
+        "delta_cls", description="what a value is chosen by: the mean over the tuning styles of the val delta (in "
+        "points) of the augmented cell's cls. (delta_cls: by the evaluation classifiers, as Table 2's cls.; "
+        "delta_cls_independent: by the grader trained on half B of the train split) against the original cell's, "
+        "same seed; the highest wins among the values that pass the CIDEr guard (max_cider_drop)")
+    max_cider_drop: float = Field(
+        5.0, ge=0, description="CIDEr guard, in percent: a value whose mean val delta C % (augmented vs original) is "
+        "below -this is chosen only when no value passes (then the one that loses the least CIDEr)")
+    min_val_images: int = Field(10, ge=1, description="a tuning style needs this many val images with scene "
+                                "features under a value; a value that leaves a tuning style unmeasured is not chosen")
+    max_val_images: Optional[int] = Field(None, ge=1, description="per style, val images captioned (by a hash of "
+                                          "the image id); null = all")
+    only: bool = Field(False, description="run the sweep and stop (report and MLflow run hold the tuning alone); a "
+                       "later `erg experiment` reuses its cells by their fingerprints and makes the same choice")
+
+
 class ExperimentConf(_Section):
     """``erg experiment``: the paper's evaluation (Table 2, Table 5, Fig. 5) on the configured data."""
     captioners: list[Literal["nic", "transformer", "updown"]] = Field(
@@ -607,6 +638,7 @@ class ExperimentConf(_Section):
         default_factory=dict, description="per captioner kind, how many of seeds (the first ones) its cells train, "
         "e.g. {transformer: 1, updown: 1} where time allows only NIC all of them; a kind not listed takes every seed")
     ablations: AblationConf = Field(default_factory=AblationConf)
+    tuning: TuningConf = Field(default_factory=TuningConf)
     resume: bool = Field(True, description="reuse a cell already trained on the same pairs, conf and seed (found by "
                          "its fingerprint among the finished MLflow runs, or trained and saved by a launch that "
                          "was stopped before it was recorded) instead of training it again")
@@ -736,6 +768,33 @@ class ErgConfig(_Section):
                                  f"sets are {sorted(self.style_sets)}")
         return self
 
+    @model_validator(mode="after")
+    def _tuning_knobs(self) -> "ErgConfig":
+        t = self.experiment.tuning
+        unknown = [s for s in (t.styles or []) if s not in self.styles]
+        if unknown:
+            raise ValueError(f"experiment.tuning.styles {unknown} are not among styles {self.styles}")
+        if not t.knobs:
+            return self
+        base = self.model_dump(by_alias=True)
+        base["experiment"]["tuning"]["knobs"] = {}  # each value is validated alone, without the sweep again
+        for key, values in t.knobs.items():
+            where = f"experiment.tuning.knobs.{key}"
+            problem = knob_problem(key)
+            if problem:
+                raise ValueError(f"{where}: {problem}")
+            if len(values) < 2 or len({_canonical(v) for v in values}) != len(values):
+                raise ValueError(f"{where}: give at least two different values to choose between, e.g. [1, 4]; "
+                                 f"given {values}")
+            for value in values:
+                try:
+                    ErgConfig.model_validate(_set_dotted(base, key, value))
+                except ValidationError as exc:
+                    problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or key}: {e['msg']}" for e in exc.errors())
+                    raise ValueError(f"{where}: value {value!r} is not a valid {key} ({problems}); give values that "
+                                     f"--set {key}=<value> would accept") from None
+        return self
+
     def clause_words(self) -> dict[str, int]:
         """Per style of ``generate.clause_style_sets``, the longest clause its transfer phrase takes whole."""
         return {style: self.generate.max_clause_words for name in self.generate.clause_style_sets
@@ -756,6 +815,97 @@ class ErgConfig(_Section):
     def path(self, *parts: str) -> Path:
         """A path under ``home``."""
         return Path(self.home).joinpath(*parts)
+
+
+# ------------------------------------------------------------------------------------------- tuning knobs
+_ERG_SECTIONS = ("ingest", "extract", "embed", "retrieve", "generate", "visual_relatedness")
+_RUN_KEYS = {
+    "train.seed": "seeds are fixed before the run: experiment.seeds, and experiment.tuning.seed for the sweep",
+    "train.captioner": "the captioners are experiment.captioners (Table 2) and experiment.tuning.captioner",
+    "train.use_augmented": "every experiment cell sets it (original vs augmented)",
+    "train.backend": "it says how training runs, not what is learned", "train.reader": "it says how training runs, "
+    "not what is learned", "train.num_processes": "it says how training runs, not what is learned",
+    "train.local_mode": "it says how training runs, not what is learned", "train.use_gpu": "it says how training "
+    "runs, not what is learned", "train.features_cache_schema": "it names a cache, not a setting",
+}
+SWEEPABLE = ("train.*", "evaluate.max_len", "evaluate.no_repeat_ngram_size", "experiment.hparams.<kind>.<name>",
+             "experiment.epochs.<style set>")
+
+
+def _canonical(value: Any) -> str:
+    import json
+
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def knob_problem(key: str) -> str | None:
+    """Why ``key`` cannot be a knob of ``experiment.tuning`` (None when it can): it must name a field of the schema
+    (or a key inside one of its dicts) that a captioner cell picks up without ERG running again."""
+    parts = key.split(".")
+    model: Any = ErgConfig
+    for i, part in enumerate(parts):
+        field = _field(model, part)
+        if field is None:
+            here = ".".join(parts[:i]) or "the top level"
+            allowed = ", ".join(sorted(f.alias or n for n, f in model.model_fields.items()))
+            return f"unknown key {'.'.join(parts[: i + 1])!r}; allowed keys under {here}: {allowed}"
+        ann = field.annotation
+        sub = next((a for a in (ann, *(getattr(ann, "__args__", None) or ()))
+                    if isinstance(a, type) and issubclass(a, BaseModel)), None)
+        if sub is None:
+            if i < len(parts) - 1 and getattr(ann, "__origin__", None) is not dict:
+                return f"unknown key {key!r}: {'.'.join(parts[: i + 1])} holds no keys"
+            break  # a leaf, or a key inside a dict field
+        if i == len(parts) - 1:
+            return f"{key!r} is a whole section: sweep one of its keys, e.g. {key}.<key>"
+        model = sub
+    if parts[0] in _ERG_SECTIONS:
+        return (f"{key!r} changes the augmented pairs (ERG would run again for every value), so it cannot be swept "
+                "inside erg experiment; choose it by an ERG run per value in a schema of its own (--set "
+                "tables.schema=<name>) scored with experiment.tuning.only, or report Table 2 once per value. "
+                f"Sweepable keys: {', '.join(SWEEPABLE)}")
+    run_key = ".".join(parts[:2])
+    if run_key in _RUN_KEYS:
+        return f"{key!r} is not sweepable: {_RUN_KEYS[run_key]}"
+    if parts[0] == "train" or key in ("evaluate.max_len", "evaluate.no_repeat_ngram_size") \
+            or (parts[:2] in (["experiment", "hparams"], ["experiment", "epochs"]) and len(parts) >= 3):
+        return None
+    return (f"{key!r} is not sweepable: seeds, sizes, styles, ablations and how the run is set up are fixed before "
+            f"the run; sweepable keys: {', '.join(SWEEPABLE)}")
+
+
+def _set_dotted(data: dict, key: str, value: Any) -> dict:
+    """A deep copy of ``data`` with the dotted ``key`` set to ``value`` (dicts made on the way)."""
+    out = copy.deepcopy(data)
+    node = out
+    parts = key.split(".")
+    for part in parts[:-1]:
+        if not isinstance(node.get(part), dict):
+            node[part] = {}
+        node = node[part]
+    node[parts[-1]] = copy.deepcopy(value)
+    return out
+
+
+def get_setting(cfg: "ErgConfig", key: str) -> Any:
+    """The value of the dotted ``key`` in ``cfg`` (as YAML would write it; None where a dict lacks it)."""
+    node: Any = cfg.model_dump(by_alias=True, mode="json")
+    for part in key.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
+def with_setting(cfg: "ErgConfig", key: str, value: Any) -> "ErgConfig":
+    """``cfg`` with the dotted ``key`` set to ``value``, validated as a whole (as ``--set key=value`` would be)."""
+    data = _set_dotted(cfg.model_dump(by_alias=True), key, value)
+    tuning = data["experiment"]["tuning"]
+    data["experiment"]["tuning"] = {**tuning, "knobs": {}}
+    try:
+        out = ErgConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_errors(exc, f"{key}={value!r}")) from None
+    out.experiment.tuning = cfg.experiment.tuning.model_copy(deep=True)
+    return out
 
 
 # ----------------------------------------------------------------------------------------------- loading
@@ -850,6 +1000,9 @@ def _format_errors(exc: ValidationError, label: str) -> str:
             continue
         given = err.get("input")
         hint = _field_description(err["loc"])
+        if not err["loc"]:  # a check across keys: its message names them; the whole conf is no help
+            lines.append(f"{label}: key '{key}': {err['msg'].removeprefix('Value error, ')}")
+            continue
         msg = f"{label}: key '{key}': {err['msg']} (given: {given!r})"
         lines.append(msg + (f"; expected: {hint}" if hint else ""))
     return "invalid configuration\n  " + "\n  ".join(lines)

@@ -2,6 +2,9 @@
 which settings.
 
 1. **ERG** on the train split (``erg run``), unless a generator is already trained (``experiment.run_erg``).
+   Then the **tuning** (``experiment.tuning``, :mod:`jobs.tuning`): training knobs chosen on the *val* split by a
+   criterion declared in the conf, before any test image is captioned; every step below runs with the chosen values
+   (``experiment.tuning.only`` stops after it).
 2. **Pairs.** Original = the train split of the stylized set, per style; augmented = the passing augmented pairs of
    the *current generator version* (``training_set`` holds every version's passing rows; ``experiment.
    generator_version: all`` takes them all), capped per style at ``max_augmented_pairs`` (the same pairs every run:
@@ -46,7 +49,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pandas as pd
 from pyspark.sql import DataFrame, SparkSession, Window
@@ -180,13 +183,15 @@ def rank_augmented(frame: DataFrame) -> DataFrame:
     return frame.withColumn("aug_rank", F.when((F.col("origin") == "augmented") & has, F.row_number().over(order)))
 
 
-def test_pairs(spark: SparkSession, cfg: ErgConfig, styles: list[str]) -> DataFrame:
-    """``pair_id, image_id, style, references`` of the test split (at most ``max_test_images`` per style)."""
+def test_pairs(spark: SparkSession, cfg: ErgConfig, styles: list[str], split: str = "test") -> DataFrame:
+    """``pair_id, image_id, style, references`` of the test split (at most ``max_test_images`` per style), or of
+    the val split (``split="val"``: the tuning's, at most ``tuning.max_val_images``)."""
     from jobs.evaluate import evaluation_pairs
 
     eval_cfg = cfg.model_copy(deep=True)
-    eval_cfg.evaluate.split = "test"
-    eval_cfg.evaluate.max_images = cfg.experiment.max_test_images
+    eval_cfg.evaluate.split = split
+    eval_cfg.evaluate.max_images = (cfg.experiment.max_test_images if split == "test"
+                                    else cfg.experiment.tuning.max_val_images)
     return evaluation_pairs(spark, eval_cfg, styles).withColumn("pair_id", F.concat_ws("|", "image_id", "style"))
 
 
@@ -305,14 +310,15 @@ class ExperimentData:
         self.tests.unpersist()
 
 
-def load_data(spark: SparkSession, cfg: ErgConfig, styles: list[str], generator_version: str | None
-              ) -> ExperimentData:
-    """Step 1: the train pairs and test images of ``styles`` with scene features, counted by Spark."""
+def load_data(spark: SparkSession, cfg: ErgConfig, styles: list[str], generator_version: str | None,
+              split: str = "test") -> ExperimentData:
+    """Step 1: the train pairs and test images of ``styles`` with scene features, counted by Spark (``split="val"``:
+    the val images instead, for the tuning; ``tests`` and ``test_counts`` then hold those)."""
     from jobs.scene_features import scene_features
 
     train_features = scene_features(spark, cfg, experiment_pairs(spark, cfg, styles, generator_version))
     pairs = rank_augmented(train_features.frame).cache()
-    tests = scene_features(spark, cfg, test_pairs(spark, cfg, styles)).frame.cache()
+    tests = scene_features(spark, cfg, test_pairs(spark, cfg, styles, split)).frame.cache()
     counts: dict[str, float] = dict(train_features.counts)
     available: dict[tuple[str, str], int] = {}
     for row in pairs.groupBy("style", "origin", F.col("features").isNull().alias("missing")).count().collect():
@@ -376,9 +382,9 @@ def plan_experiment(cfg: ErgConfig, measured: list[str], types: list[str]
     return plan_cells(measured, list(e.captioners), t5, f5, list(e.seeds), dict(e.seeds_per_captioner)), t5, f5
 
 
-def measure_leakage(spark: SparkSession, cfg: ErgConfig, data: ExperimentData, pool: dict[str, int]
-                    ) -> dict[str, int]:
-    """Step 4: leakage on exactly what the cells train and test on, plus the tables' own leakage counts."""
+def measure_leakage(spark: SparkSession, cfg: ErgConfig, data: ExperimentData, pool: dict[str, int],
+                    tables: bool = True) -> dict[str, int]:
+    """Step 4: leakage on exactly what the cells train and test on, plus the tables' own leakage counts (``tables``)."""
     from jobs.leakage import leakage_counts
     from jobs.scene_features import feature_leaks
 
@@ -394,7 +400,8 @@ def measure_leakage(spark: SparkSession, cfg: ErgConfig, data: ExperimentData, p
                                              "left_semi").count(),
         "scene_features_from_scored_references": feature_leaks(spark, cfg, data.tests_ok),
     }
-    leakage.update({k.removeprefix("leakage."): v for k, v in leakage_counts(spark, cfg).items()})
+    if tables:
+        leakage.update({k.removeprefix("leakage."): v for k, v in leakage_counts(spark, cfg).items()})
     return leakage
 
 
@@ -466,18 +473,20 @@ def _reuse(run, cell_dir: Path) -> tuple[Path, dict[str, Any]] | None:
 
 
 def train_cells(spark: SparkSession, cfg: ErgConfig, cells: list[Cell], data: ExperimentData, pool: dict[str, int],
-                parent_id: str, lap, counts: dict[str, float] | None = None) -> dict[str, dict[str, Any]]:
+                parent_id: str, lap, counts: dict[str, float] | None = None,
+                conf_of: Callable[[Cell], ErgConfig] | None = None) -> dict[str, dict[str, Any]]:
     """Step 5, resumable: each cell's fingerprint (:func:`cell_fingerprint`); a cell recorded by an earlier run
     with that fingerprint is reused (``experiment.resume``); a cell trained by a launch that stopped before it was
     recorded (its model and summary in its fingerprint's folder) is recorded now; the others' snapshots are written
     and one launch trains them all, each recorded as its own child run once the launch ends. ``counts`` gains
-    ``cells.reused``, ``cells.recorded_from_disk``, ``cells.trained`` and ``cells.reuse_failed``."""
+    ``cells.reused``, ``cells.recorded_from_disk``, ``cells.trained`` and ``cells.reuse_failed``. ``conf_of`` gives a
+    cell a conf of its own (the tuning's knob values; how training runs stays ``cfg``'s)."""
     counts = counts if counts is not None else {}
     for key in ("reused", "recorded_from_disk", "trained", "reuse_failed"):
         counts.setdefault(f"cells.{key}", 0)
     planned = []
     for cell in cells:
-        cell_cfg = _with_captioner(cfg, cell.captioner, cell.style, cell.seed)
+        cell_cfg = _with_captioner(conf_of(cell) if conf_of else cfg, cell.captioner, cell.style, cell.seed)
         frame, n_orig, n_aug = cell_pairs(data.pairs_ok, cell, pool, data.available, cfg.experiment.fig5.order)
         conf = worker_config(cell_cfg, [], Path("."), data.train_features.regions, "n_regions")
         fingerprint = cell_fingerprint(cell, conf, data_version(frame))
@@ -550,10 +559,11 @@ def record_cell(cell: Cell, cell_cfg: ErgConfig, info: dict[str, Any], cell_dir:
 
 
 def score_cells(spark: SparkSession, cfg: ErgConfig, trained: dict[str, dict[str, Any]], data: ExperimentData,
-                measured: list[str], classifiers_path: str, lm_path: str, grader: dict[str, Any] | None
-                ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+                measured: list[str], classifiers_path: str, lm_path: str, grader: dict[str, Any] | None,
+                metric_prefix: str = "") -> tuple[list[dict[str, Any]], list[dict[str, Any]], pd.DataFrame]:
     """Step 6: per style, every cell's captioner captions the test images on the executors; the captions are
-    scored (BLEU-1/3, METEOR, CIDEr, cls., cls. by the independent grader, ppl.). Returns (rows, samples)."""
+    scored (BLEU-1/3, METEOR, CIDEr, cls., cls. by the independent grader, ppl.). Returns (rows, samples,
+    hypotheses); each child run logs its scores, named with ``metric_prefix`` (``val.`` for the tuning's)."""
     from jobs.evaluate import nonfinite_perplexities, style_scores
     from models.caption_metrics import CaptionScorer
     from udfs.captioning import HYPOTHESIS_DDL, make_captioner_evaluator
@@ -596,9 +606,9 @@ def score_cells(spark: SparkSession, cfg: ErgConfig, trained: dict[str, dict[str
                        "train_pairs_augmented": info["train_pairs_augmented"], "test_images": len(group),
                        "run_id": info["run_id"], "train_seconds": info["train_seconds"], "epochs": info["epochs"]}
                 rows.append(row)
-                _log_child_metrics(info["run_id"], {k: row[k] for k in ("bleu1", "bleu3", "meteor", "cider", "cls",
-                                                                         "cls_independent", "ppl", "ppl_nonfinite",
-                                                                         "test_images")})
+                _log_child_metrics(info["run_id"], {f"{metric_prefix}{k}": row[k] for k in (
+                    "bleu1", "bleu3", "meteor", "cider", "cls", "cls_independent", "ppl", "ppl_nonfinite",
+                    "test_images")})
                 for r in group.head(e.samples_to_log if cell.seed == e.seeds[0] else 0).itertuples():
                     samples.append({"style": style, "captioner": cell.captioner, "variant": cell.variant,
                                     "seed": cell.seed, "image_id": r.image_id, "hypothesis": r.hypothesis,
@@ -726,9 +736,11 @@ def describe_setup(cfg: ErgConfig, generator: dict[str, Any], classifiers: dict[
     }
 
 
-def write_report(result: dict[str, Any], folder: Path, hypotheses: pd.DataFrame | None = None) -> Path:
+def write_report(result: dict[str, Any], folder: Path, hypotheses: pd.DataFrame | None = None,
+                 tuning_hypotheses: pd.DataFrame | None = None) -> Path:
     """Step 7: report.md, experiment.json, the plots and ``hypotheses.parquet`` (every cell's caption of every test
-    image, with its scores), logged as the active run's ``report`` artifacts and kept under ``folder/report``."""
+    image, with its scores; ``tuning_hypotheses.parquet``: every tuning cell's caption of every val image), logged as
+    the active run's ``report`` artifacts and kept under ``folder/report``."""
     import mlflow
 
     from models.experiment_report import plot_fig5, plot_table2, render_report
@@ -738,18 +750,36 @@ def write_report(result: dict[str, Any], folder: Path, hypotheses: pd.DataFrame 
         out = Path(tmp)
         (out / "report.md").write_text(render_report(result))
         (out / "experiment.json").write_text(json.dumps(result, indent=2, default=str))
-        plot_table2(result["rows"], out / "table2.png")
+        if result["rows"]:
+            plot_table2(result["rows"], out / "table2.png")
         if result.get("fig5", {}).get("points"):
             plot_fig5(result["fig5"]["points"], out / "fig5_size.png")
         if result.get("fig5", {}).get("eps_points"):
             plot_fig5(result["fig5"]["eps_points"], out / "fig5_eps.png", x="eps")
         if hypotheses is not None and len(hypotheses):
             hypotheses.to_parquet(out / "hypotheses.parquet", index=False)
+        if tuning_hypotheses is not None and len(tuning_hypotheses):
+            tuning_hypotheses.to_parquet(out / "tuning_hypotheses.parquet", index=False)
         mlflow.log_artifacts(str(out), "report")
         report_dir.mkdir(parents=True, exist_ok=True)
         for path in out.iterdir():
             (report_dir / path.name).write_bytes(path.read_bytes())
     return report_dir
+
+
+def _tuning_only(cfg: ErgConfig, command: str, parent_id: str, tuning: dict[str, Any], folder: Path,
+                 started: float, stages: dict[str, float]) -> dict[str, Any]:
+    """``experiment.tuning.only``: the result, report and counts of the sweep alone (no Table 2 cell is trained)."""
+    result: dict[str, Any] = {
+        "command": command, "run_id": parent_id, "tuning_only": True, "tuning": tuning["result"], "rows": [],
+        "seed_rows": [], "styles": tuning["styles"], "captioners": [], "not_measured": {},
+        "leakage": {f"tuning.{k}": v for k, v in tuning["result"]["leakage"].items()},
+        "seconds": time.time() - started, "stage_seconds": stages,
+        "next": "erg experiment with the same conf (the tuning cells are reused by their fingerprints; Table 2 "
+                "trains with the chosen values)"}
+    result["report_dir"] = str(write_report(result, folder, None, tuning["hypotheses"]))
+    log_counts({"seconds": result["seconds"], **{f"stage_seconds.{k}": v for k, v in stages.items()}})
+    return result
 
 
 def run_experiment(spark: SparkSession, cfg: ErgConfig, *, command: str | None = None) -> dict[str, Any]:
@@ -782,12 +812,6 @@ def run_experiment(spark: SparkSession, cfg: ErgConfig, *, command: str | None =
                           tags={"erg.job": "experiment", "erg.conf": cfg.name, "erg.command": command[:5000],
                                 "erg.generator_version": generator["version"]}) as parent:
         parent_id = parent.info.run_id
-        mlflow.log_params({"styles": json.dumps(styles), "captioners": json.dumps(e.captioners),
-                           "features": cfg.train.features, "generator_version": e.generator_version,
-                           "max_augmented_pairs": str(e.max_augmented_pairs), "epochs": cfg.train.epochs,
-                           "epochs_by_style_set": json.dumps(e.epochs),
-                           "inserted_word_weight": cfg.train.inserted_word_weight,
-                           "max_test_images": str(e.max_test_images)})
         folder = model_dir(cfg, "experiment", parent_id)
         folder.mkdir(parents=True, exist_ok=True)
 
@@ -796,10 +820,26 @@ def run_experiment(spark: SparkSession, cfg: ErgConfig, *, command: str | None =
 
         def lap(stage: str) -> None:
             now = time.time()
-            stages[stage] = now - clock[0]
-            clock[0] = now
-            logger.info("experiment: %s took %.1fs", stage, stages[stage])
+            took, clock[0] = now - clock[0], now
+            stages[stage] = stages.get(stage, 0.0) + took  # a stage run more than once adds up
+            logger.info("experiment: %s took %.1fs", stage, took)
 
+        tuning = None
+        if e.tuning.enabled and e.tuning.knobs:  # Step 0: knobs chosen on the val split, before any test scoring
+            from jobs.tuning import run_tuning
+
+            tuning = run_tuning(spark, cfg, styles, version, generator, classifiers, parent_id, folder, lap)
+            cfg, e = tuning["cfg"], tuning["cfg"].experiment
+            for captioner in e.captioners:
+                check_hparams(_with_captioner(cfg, captioner))
+            if e.tuning.only:
+                return _tuning_only(cfg, command, parent_id, tuning, folder, started, stages)
+        mlflow.log_params({"styles": json.dumps(styles), "captioners": json.dumps(e.captioners),
+                           "features": cfg.train.features, "generator_version": e.generator_version,
+                           "max_augmented_pairs": str(e.max_augmented_pairs), "epochs": cfg.train.epochs,
+                           "epochs_by_style_set": json.dumps(e.epochs),
+                           "inserted_word_weight": cfg.train.inserted_word_weight,
+                           "max_test_images": str(e.max_test_images)})
         data = load_data(spark, cfg, styles, version)
         measured, not_measured, pool = measurable_styles(cfg, styles, data.counts, data.available, data.test_counts,
                                                          generator["version"])
@@ -810,7 +850,10 @@ def run_experiment(spark: SparkSession, cfg: ErgConfig, *, command: str | None =
         lap("features")
         leakage = measure_leakage(spark, cfg, data, pool)
         lap("leakage")
-        grader = fit_independent_classifier(spark, cfg, measured, folder / "independent_classifier")
+        if tuning is not None and tuning["styles"] == measured:
+            grader = tuning["grader"]  # fitted on the same styles, in the same order: the same classifiers
+        else:
+            grader = fit_independent_classifier(spark, cfg, measured, folder / "independent_classifier")
         lap("independent_classifier")
         cell_counts: dict[str, float] = {}
         trained = train_cells(spark, cfg, cells, data, pool, parent_id, lap, cell_counts)
@@ -822,6 +865,8 @@ def run_experiment(spark: SparkSession, cfg: ErgConfig, *, command: str | None =
         samples += ablations["samples"]
         hypotheses = pd.concat([hypotheses, ablations["hypotheses"]], ignore_index=True)
         leakage.update(ablations["leakage"])
+        if tuning is not None:
+            leakage.update({f"tuning.{k}": v for k, v in tuning["result"]["leakage"].items()})
         data.unpersist()
         lap("decode_and_score")
         eps_measured = []
@@ -857,6 +902,8 @@ def run_experiment(spark: SparkSession, cfg: ErgConfig, *, command: str | None =
             "seconds": time.time() - started, "stage_seconds": stages,
             "erg_run": erg_result.get("parent_run_id") if erg_result else None,
         }
+        if tuning is not None:
+            result["tuning"] = tuning["result"]
         if ablations["pairs"]:
             a = e.ablations
             deltas = ablation_deltas(seed_rows, a.captioner, list(a.kinds))
@@ -872,7 +919,8 @@ def run_experiment(spark: SparkSession, cfg: ErgConfig, *, command: str | None =
                 eps_points = eps_curve(rows, f5[0], f5[1], cfg.extract.eps)
                 result["fig5"].update({"eps_points": eps_points, "eps_markdown": render_fig5_eps(eps_points),
                                        "eps_runs": eps_measured})
-        result["report_dir"] = str(write_report(result, folder, hypotheses))
+        result["report_dir"] = str(write_report(result, folder, hypotheses,
+                                                tuning["hypotheses"] if tuning is not None else None))
         log_counts({**{k: v for k, v in data.counts.items() if isinstance(v, (int, float))},
                     **{f"leakage.{k}": v for k, v in leakage.items()}, "cells": len(cells), **cell_counts,
                     **{f"stage_seconds.{k}": v for k, v in stages.items()},

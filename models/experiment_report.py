@@ -428,6 +428,49 @@ def render_modes(modes: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _value_text(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_value_text(v) for v in value) + "]"
+    if isinstance(value, float) and value.is_integer():
+        return f"{value:g}"
+    return str(value)
+
+
+def _signed(value: Any, unit: str = "") -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{value:+.1f}{unit}"
+
+
+def render_tuning(tuning: Mapping[str, Any]) -> str:
+    """The val-scored sweep (``experiment.tuning``): per knob, each value's val deltas (means over the tuning styles,
+    and per style C and cls., original -> augmented), the value chosen and why."""
+    lines = [f"Every setting here was chosen on the **{tuning['split']}** split before Table 2 was trained; no test "
+             f"image was captioned or scored for it. Captioner {tuning['captioner']}, seed {tuning['seed']}, styles "
+             f"{', '.join(tuning['styles'])} (val images: "
+             + ", ".join(f"{s} {n}" for s, n in (tuning.get("val_images") or {}).items()) + "). "
+             f"Criterion, declared in the conf: {tuning['criterion']['text']}.", ""]
+    for knob in tuning["knobs"]:
+        lines += [f"### {knob['key']}: chosen {_value_text(knob['chosen'])} (conf: {_value_text(knob['conf_value'])})",
+                  "", "| value | ΔC % | Δcls. | Δcls. (indep.) | per style: C, cls. (original -> augmented) | "
+                  "chosen |", "| --- | ---: | ---: | ---: | --- | --- |"]
+        for r in knob["results"]:
+            per = "; ".join(f"{s} C {_number(v['original']['cider'], 'cider')} -> "
+                            f"{_number(v['augmented']['cider'], 'cider')}, cls. {_number(v['original']['cls'], 'cls')}"
+                            f" -> {_number(v['augmented']['cls'], 'cls')}" for s, v in r["styles"].items())
+            if r.get("not_measured"):
+                per += ("; " if per else "") + "not measured: " + ", ".join(r["not_measured"])
+            lines.append(f"| {_value_text(r['value'])} | {_signed(r['delta_cider_percent'], '%')} | "
+                         f"{_signed(r['delta_cls'])} | {_signed(r['delta_cls_independent'])} | {per} | "
+                         f"{'yes' if r.get('chosen') else ''} |")
+        lines += [""]
+        if knob.get("styles") is not None and list(knob["styles"]) != list(tuning["styles"]):
+            lines += [f"Compared on {', '.join(knob['styles']) or 'no style'}: the other tuning styles were measured "
+                      "under no value.", ""]
+        lines += [f"Why: {knob['why']}.", ""]
+    return "\n".join(lines) + "\n"
+
+
 def render_report(result: Mapping[str, Any]) -> str:
     """The whole report as markdown: setup, Table 2, Table 5, Fig. 5, leakage, styles not measured, the most
     frequent captions per cell, samples."""
@@ -444,8 +487,13 @@ def render_report(result: Mapping[str, Any]) -> str:
         stages = ", ".join(f"{k} {v:.0f}s" for k, v in (result.get("stage_seconds") or {}).items())
         parts += [f"- time: {result['seconds']:.0f}s ({stages})"]
     parts += [""]
-    parts += ["## Table 2", "", "Metrics x 100 except ppl.; ΔC % is relative, Δcls. in points.", "",
-              render_table2(rows), render_summary(table2_summary(rows))]
+    if result.get("tuning"):
+        parts += ["## Tuning on the val split", "", render_tuning(result["tuning"])]
+    if result.get("tuning_only"):
+        parts += ["Table 2 was not trained (experiment.tuning.only); next: " + str(result.get("next", "")), ""]
+    else:
+        parts += ["## Table 2", "", "Metrics x 100 except ppl.; ΔC % is relative, Δcls. in points.", "",
+                  render_table2(rows), render_summary(table2_summary(rows))]
     ablations = result.get("ablations") or {}
     if ablations.get("markdown"):
         parts += ["## Ablations: ERG minus each ablation", "",

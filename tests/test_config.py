@@ -245,3 +245,50 @@ def test_decoding_and_filter_options_are_the_typed_sections(name, monkeypatch):
     assert filter_options(cfg) == {"ppl_max": f.ppl_max, "min_similarity": f.min_similarity,
                                    "min_content_similarity": f.min_content_similarity, "well_formed": f.well_formed,
                                    "max_relatedness_drop": None}
+
+
+def test_tuning_knobs_are_validated_as_overrides_of_the_conf():
+    cfg = load_config("test", ["experiment.tuning.knobs={train.inserted_word_weight: [1, 4], "
+                               "train.visual_context.sources: [[descriptions], [tags, descriptions]]}"])
+    assert list(cfg.experiment.tuning.knobs) == ["train.inserted_word_weight", "train.visual_context.sources"]
+    assert load_config("test").experiment.tuning.knobs == {}  # off in the schema; on in conf/shared_data.yaml
+    shared = load_config("conf/shared_data.yaml").experiment.tuning
+    assert shared.knobs["train.inserted_word_weight"] == [1, 4] and shared.criterion == "delta_cls"
+    cases = [
+        # an unknown key: named, with the keys allowed there
+        ("{train.inserted_weight: [1, 4]}", ["experiment.tuning.knobs.train.inserted_weight",
+                                             "unknown key 'train.inserted_weight'", "inserted_word_weight"]),
+        # a value the key's own validation refuses: named, with the key's rule
+        ("{train.inserted_word_weight: [1, 0.5]}", ["value 0.5 is not a valid train.inserted_word_weight",
+                                                    "greater than or equal to 1"]),
+        ("{train.visual_context.sources: [[descriptions], [pixels]]}", ["value ['pixels'] is not a valid"]),
+        # a knob that changes the augmented pairs: refused, naming it and what to do instead
+        ("{generate.clause_style_sets: [[], [flickrstyle]]}", ["generate.clause_style_sets",
+                                                              "changes the augmented pairs",
+                                                              "report Table 2 once per value"]),
+        ("{extract.eps: [0.1, 0.25]}", ["extract.eps", "changes the augmented pairs"]),
+        # fixed before the run
+        ("{train.seed: [1, 2]}", ["train.seed", "seeds are fixed before the run"]),
+        ("{experiment.max_augmented_pairs: [10, 20]}", ["not sweepable", "fixed before the run"]),
+        ("{train.visual_context: [{}, {}]}", ["is a whole section"]),
+        ("{train.inserted_word_weight: [4]}", ["at least two different values"]),
+    ]
+    for knobs, expected in cases:
+        with pytest.raises(ConfigError) as err:
+            load_config("test", [f"experiment.tuning.knobs={knobs}"])
+        for text in expected:
+            assert text in str(err.value), (knobs, str(err.value))
+    with pytest.raises(ConfigError, match="experiment.tuning.styles \\['funny'\\]"):
+        load_config("test", ["experiment.tuning.styles=[funny]"])
+
+
+def test_with_setting_validates_the_whole_conf():
+    from jobs.config import get_setting, with_setting
+
+    cfg = load_config("test", ["experiment.tuning.knobs={train.inserted_word_weight: [1, 4]}"])
+    changed = with_setting(cfg, "experiment.hparams.nic.hidden_dim", 64)
+    assert changed.experiment.hparams == {"nic": {"hidden_dim": 64}} and cfg.experiment.hparams == {}
+    assert get_setting(changed, "experiment.hparams.nic.hidden_dim") == 64
+    assert changed.experiment.tuning == cfg.experiment.tuning  # the sweep itself is kept
+    with pytest.raises(ConfigError, match="train.epochs"):
+        with_setting(cfg, "train.epochs", 0)

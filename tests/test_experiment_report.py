@@ -195,3 +195,64 @@ def test_table2_summary_counts_the_cells_that_moved() -> None:
     assert "humor (nic), positive (none)" in render_summary(summary)
     assert "cls. by style (mean over its captioners): humor 65.0 -> 67.5 (+2.5); positive 100.0 -> 99.0 (-1.0)." \
         in render_summary(summary)
+
+
+def _value(delta_cls: float, delta_cider: float, delta_indep: float = 0.0, eligible: bool = True) -> dict:
+    return {"eligible": eligible, "delta_cls": delta_cls, "delta_cider_percent": delta_cider,
+            "delta_cls_independent": delta_indep}
+
+
+def test_tuning_chooses_by_the_declared_val_criterion_with_the_cider_guard() -> None:
+    from jobs.tuning import choose_value
+
+    # the highest mean val Δcls. among the values within the CIDEr guard (5%)
+    assert choose_value([_value(2.0, -1.0), _value(8.0, -3.0)], "delta_cls", 5.0)[0] == 1
+    # a value that buys its cls. with more than 5% of CIDEr is passed over while another value keeps it
+    index, why = choose_value([_value(2.0, -1.0), _value(8.0, -12.0)], "delta_cls", 5.0)
+    assert index == 0 and "at least -5%" in why
+    # no value within the guard: the one that loses the least CIDEr
+    index, why = choose_value([_value(9.0, -8.0), _value(2.0, -6.0), _value(5.0, -30.0)], "delta_cls", 5.0)
+    assert index == 1 and "loses the least CIDEr" in why
+    # a value not measured on every tuning style is never chosen; none measured: the conf's value is kept
+    assert choose_value([_value(1.0, 0.0), _value(20.0, 5.0, eligible=False)], "delta_cls", 5.0)[0] == 0
+    assert choose_value([_value(1.0, 0.0, eligible=False)], "delta_cls", 5.0) == (
+        None, "no value was measured on every tuning style: the conf's value is kept")
+    # ties: the higher ΔC %, then the value listed first
+    assert choose_value([_value(4.0, 1.0), _value(4.0, 2.0)], "delta_cls", 5.0)[0] == 1
+    assert choose_value([_value(4.0, 2.0), _value(4.0, 2.0)], "delta_cls", 5.0)[0] == 0
+    # the independent grader's delta where the conf declares it
+    assert choose_value([_value(8.0, 0.0, 1.0), _value(2.0, 0.0, 6.0)], "delta_cls_independent", 5.0)[0] == 1
+    # NaN deltas (a style without cls. indep.) never win
+    assert choose_value([_value(math.nan, 0.0), _value(1.0, 0.0)], "delta_cls", 5.0)[0] == 1
+
+
+def test_tuning_deltas_and_report_section() -> None:
+    from jobs.tuning import settings_id, style_deltas, value_summary
+    from models.experiment_report import render_tuning
+
+    humor = style_deltas({"cider": 0.40, "cls": 0.50, "cls_independent": 0.40},
+                         {"cider": 0.38, "cls": 0.62, "cls_independent": 0.45})
+    assert humor == pytest.approx({"delta_cls": 12.0, "delta_cls_independent": 5.0, "delta_cider_percent": -5.0})
+    positive = style_deltas({"cider": 0.20, "cls": 0.90, "cls_independent": None},
+                            {"cider": 0.25, "cls": 0.88, "cls_independent": None})
+    means = value_summary({"humor": humor, "positive": positive})
+    assert means["delta_cls"] == pytest.approx(5.0) and means["delta_cider_percent"] == pytest.approx(10.0)
+    assert means["delta_cls_independent"] == pytest.approx(5.0)  # the style without it is left out of its mean
+    assert settings_id({}) == "conf" and settings_id({"train.inserted_word_weight": 1}) == settings_id(
+        {"train.inserted_word_weight": 1}) != settings_id({"train.inserted_word_weight": 4})
+    styles = {"humor": {"original": {"cider": 0.40, "cls": 0.50}, "augmented": {"cider": 0.38, "cls": 0.62}, **humor}}
+    tuning = {"split": "val", "captioner": "nic", "seed": 23, "styles": ["humor"], "val_images": {"humor": 600},
+              "criterion": {"text": "the highest mean val delta of cls."},
+              "knobs": [{"key": "train.inserted_word_weight", "conf_value": 4.0, "chosen": 1,
+                         "why": "highest mean val delta_cls (+12.0)",
+                         "results": [{"value": 1, "styles": styles, "not_measured": {}, "chosen": True, **humor},
+                                     {"value": 4, "styles": {}, "not_measured": {"humor": "no val image"},
+                                      "chosen": False, "delta_cls": math.nan, "delta_cider_percent": math.nan,
+                                      "delta_cls_independent": math.nan}]}]}
+    text = render_tuning(tuning)
+    assert "chosen on the **val** split before Table 2" in text and "no test image was captioned" in text
+    assert "### train.inserted_word_weight: chosen 1 (conf: 4)" in text
+    assert "| 1 | -5.0% | +12.0 | +5.0 | humor C 40.0 -> 38.0, cls. 50.0 -> 62.0 | yes |" in text
+    assert "| 4 | - | - | - | not measured: humor |  |" in text
+    report = render_report({"rows": [], "tuning": tuning, "tuning_only": True, "next": "erg experiment"})
+    assert "## Tuning on the val split" in report and "## Table 2" not in report
