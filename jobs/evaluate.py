@@ -105,8 +105,8 @@ def evaluate(spark: SparkSession, cfg: ErgConfig) -> dict[str, Any]:
     if not styles:
         raise ValueError(f"no style of {cfg.styles} was trained by every captioner "
                          f"({ {v: info['styles'] for v, info in captioners.items()} })")
-    with job_run(cfg, "evaluate", sections=("evaluate",), params={"variants": ",".join(captioners),
-                                                                   "encoder_version": encoder_version}) as run:
+    with job_run(cfg, "evaluate", sections=("evaluate",), record_state=False,
+                 params={"variants": ",".join(captioners), "encoder_version": encoder_version}) as run:
         mlflow.set_tags({**{f"erg.captioner_run.{v}": info["version"] for v, info in captioners.items()},
                          "erg.evaluation_classifiers_version": classifier["version"],
                          "erg.encoder_version": encoder_version})

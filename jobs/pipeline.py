@@ -7,7 +7,8 @@ import time
 from pyspark.sql import SparkSession
 
 from jobs.config import ErgConfig
-from jobs.tracking import configure_mlflow, log_counts
+from jobs.history import SCHEMA_TAG, schema_key
+from jobs.tracking import configure_mlflow, log_counts, recording
 
 STAGES = ("ingest", "extract", "embed", "retrieve", "generate")
 
@@ -35,8 +36,9 @@ def run_pipeline(spark: SparkSession, cfg: ErgConfig, *, incremental: bool = Fal
     results: dict[str, dict] = {}
     # nested under an active run (e.g. ``erg experiment``'s, which reruns ERG at each Fig. 5 eps)
     with mlflow.start_run(run_name="erg run", experiment_id=experiment_id, nested=mlflow.active_run() is not None,
-                          tags={"erg.job": "run", "erg.conf": cfg.name,
-                                "erg.incremental": str(incremental).lower()}) as parent:
+                          tags={"erg.job": "run", "erg.conf": cfg.name, SCHEMA_TAG: schema_key(cfg),
+                                "erg.incremental": str(incremental).lower()}) as parent, \
+            recording(cfg, parent.info.run_id):  # the state after the whole run: what `erg restore` brings back
         for number, stage in enumerate(STAGES, start=1):
             console.rule(f"[bold]{number}/{len(STAGES)} {stage}")
             started = time.time()
