@@ -39,7 +39,7 @@ class MissingStepError(UserError, RuntimeError):
 _CONCURRENT = re.compile(r"\b(Concurrent(Append|DeleteRead|DeleteDelete|Transaction|Write)Exception|"
                          r"MetadataChangedException|ProtocolChangedException|DELTA_CONCURRENT_[A-Z_]+|"
                          r"DELTA_METADATA_CHANGED|DELTA_PROTOCOL_CHANGED)\b")
-_TABLE_IN = re.compile(r"(?:table|Table)\s+[`']?([\w.]+?)[`']?[\s.,:]")
+_TABLE_IN = re.compile(r"\b[Tt]able\s+[`']?((?:\w+\.)+\w+)")  # a qualified name: schema.table
 
 
 def is_concurrent_write(exc: BaseException) -> bool:

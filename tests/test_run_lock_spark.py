@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs.lock import HOST, Holder, LockHeld, _take, acquire, read_holder, process_start
+from jobs.lock import HOST, Holder, LockHeld, _ensure, _take, acquire, process_start, read_holder
 
 pytestmark = pytest.mark.spark
 REPO = Path(__file__).resolve().parents[1]
@@ -128,4 +128,5 @@ def test_two_ingests_started_together(spark, erg_home):
                                 lambda t: spark.table(table_name(cfg, t)).toPandas(), tables=INGEST_TABLES)
     assert comparison["identical"], comparison["differences"]
     assert comparison["rows"]["stylized_captions"]["rerun"] > 0
+    _ensure(spark, cfg)  # the lock table the processes made, registered in this session's catalog
     assert read_holder(spark, cfg) is None  # released by the last one
