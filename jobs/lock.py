@@ -201,7 +201,9 @@ class Lease:
             self._wake.set()
 
     def _beat(self) -> None:
-        if hasattr(self.spark, "sparkContext") and not type(self.spark).__module__.startswith("pyspark.sql.connect"):
+        from jobs.spark import has_spark_context
+
+        if has_spark_context(self.spark):
             # a pool of its own: where the scheduler is FAIR (Databricks) the renewal is not queued behind a stage
             self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", "erg_lock")
         written_run = None
