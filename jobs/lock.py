@@ -148,8 +148,10 @@ def _retry(fn, *, creating: bool = False, attempts: int = 20):
             return fn()
         except Exception as exc:  # noqa: BLE001 - Delta's conflicts come through py4j as various classes
             text = str(exc)
-            racing = is_concurrent_write(exc) or (creating and ("already exists" in text.lower()
-                                                               or "FileAlreadyExists" in text))
+            # creating: another job made the table first, or is making it (its folder is there, its log not yet)
+            racing = is_concurrent_write(exc) or (creating and any(
+                s in text for s in ("already exists", "FileAlreadyExists", "TABLE_OR_VIEW_ALREADY_EXISTS",
+                                    "DELTA_CREATE_TABLE_WITH_NON_EMPTY_LOCATION", "is not empty")))
             if not racing or attempt == attempts - 1:
                 raise
             time.sleep(random.uniform(0.2, 1.0))
