@@ -141,9 +141,11 @@ def _ensure(spark, cfg: ErgConfig) -> str:
     return name
 
 
-def _retry(fn, *, creating: bool = False, attempts: int = 20):
-    """``fn()``, again after a short random pause while it fails on a concurrent Delta commit."""
-    for attempt in range(attempts):
+def _retry(fn, *, creating: bool = False, within_s: float = 300.0):
+    """``fn()``, again after a short random pause while it fails on a concurrent Delta commit (for up to
+    ``within_s``: on a busy machine the other job's commit can take a while)."""
+    deadline = time.monotonic() + within_s
+    while True:
         try:
             return fn()
         except Exception as exc:  # noqa: BLE001 - Delta's conflicts come through py4j as various classes
@@ -152,7 +154,7 @@ def _retry(fn, *, creating: bool = False, attempts: int = 20):
             racing = is_concurrent_write(exc) or (creating and any(
                 s in text for s in ("already exists", "FileAlreadyExists", "TABLE_OR_VIEW_ALREADY_EXISTS",
                                     "DELTA_CREATE_TABLE_WITH_NON_EMPTY_LOCATION", "is not empty")))
-            if not racing or attempt == attempts - 1:
+            if not racing or time.monotonic() > deadline:
                 raise
             time.sleep(random.uniform(0.2, 1.0))
 
