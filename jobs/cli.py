@@ -6,6 +6,12 @@ Examples::
     erg ingest                       # ingest conf's sources (the sample when none are listed)
     erg run                          # the whole pipeline on the embedded local default
     erg sql "SELECT style, count(*) FROM erg.stylized_captions GROUP BY style"
+    erg history                      # the runs, with the tables and Delta versions each wrote
+    erg restore --run RUN_ID         # every table, watermark and current model back to right after that run
+
+A writing command (run, ingest, extract, embed, retrieve, generate, train, experiment, restore, sql --write) holds
+the schema's run lock while it runs (:mod:`jobs.lock`): a second one waits up to ``lock.wait_s`` and then refuses
+with exit status 2, naming the job that holds it.
 
 A user error (a bad conf, a bad input file, a missing table, a step run before the one it needs; see
 :mod:`jobs.errors`) is printed as one or two lines, the problem and the fix, with exit status 2; ``--debug`` (or
@@ -128,6 +134,29 @@ def cmd_run(cfg, args) -> dict:
     return run_pipeline(get_spark(cfg), cfg, incremental=getattr(args, "incremental", False))
 
 
+def cmd_history(cfg, args) -> None:
+    from jobs.history import history, render_history
+
+    rows = history(cfg, args.last)
+    if args.json:
+        for row in rows:
+            print(json.dumps(row, default=str))
+    else:
+        print(render_history(rows))
+
+
+def cmd_restore(cfg, args) -> dict:
+    from jobs.history import restore
+    from jobs.spark import get_spark
+
+    result = restore(get_spark(cfg), cfg, args.run)
+    for table, change in result["tables"].items():
+        print(f"{table}: {change['action']}" + (f" (version {change['from']} -> {change['to']}, the content of "
+                                                f"version {change['as_of']})" if change["action"] == "restored" else ""),
+              file=sys.stderr)
+    return result
+
+
 def cmd_compare(cfg, args) -> None:
     from jobs.compare import compare, render
 
@@ -153,7 +182,14 @@ COMMANDS = {
                    "decoded and scored (Table 2, Table 5, Fig. 5 report)"),
     "sql": (cmd_sql, "run a SQL query over the erg tables"),
     "compare": (cmd_compare, "MLflow runs side by side: params that differ, counts, pass rates, metrics, tags"),
+    "history": (cmd_history, "the writing jobs' runs, newest first, with the tables and Delta versions each wrote"),
+    "restore": (cmd_restore, "bring every table, the watermarks and the current models back to right after a run"),
 }
+
+#: commands that write the schema (tables, watermarks, current models): each holds the schema's run lock
+#: (jobs.lock) while it runs; ``sql`` only with --write
+WRITING = frozenset({"ingest", "extract", "embed", "retrieve", "generate", "train", "run", "experiment", "restore",
+                     "sql"})
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -179,6 +215,11 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("run_ids", nargs="*", metavar="RUN_ID", help="runs to compare (default: a job's last runs)")
             p.add_argument("--job", help="compare this job's last runs (tag erg.job; default: the newest run's job)")
             p.add_argument("--last", type=int, default=2, help="how many of the job's last runs to compare")
+        if name == "history":
+            p.add_argument("--last", type=int, default=30, help="how many runs (stage runs included)")
+            p.add_argument("--json", action="store_true", help="print runs as JSON lines")
+        if name == "restore":
+            p.add_argument("--run", required=True, metavar="RUN_ID", help="the run to go back to (see erg history)")
         if name in ("run", "extract", "retrieve", "generate"):
             p.add_argument("--incremental", action="store_true", help="process only new stylized/factual rows")
     return parser
@@ -196,6 +237,21 @@ def _quiet_query_logs() -> None:
         PySparkLogger.getLogger(name).setLevel(logging.CRITICAL)
 
 
+def _schema_lock(cfg, args, argv: list[str] | None):
+    """The schema's run lock (jobs.lock) for a writing command, taken before its tables are touched (a restore
+    never waits: it refuses while another job writes); a no-op context for the others."""
+    import contextlib
+
+    if args.command not in WRITING or (args.command == "sql" and not args.write) or not cfg.lock.enabled:
+        return contextlib.nullcontext()
+    from jobs.lock import hold
+    from jobs.spark import get_spark
+
+    words = sys.argv[1:] if argv is None else argv
+    return hold(get_spark(cfg, register=False), cfg, " ".join(["erg", *words]),
+                wait_s=0 if args.command == "restore" else None)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     started = time.time()
@@ -204,7 +260,8 @@ def main(argv: list[str] | None = None) -> int:
         handler, _ = COMMANDS[args.command]
         if not args.debug:
             _quiet_query_logs()
-        result = handler(cfg, args)
+        with _schema_lock(cfg, args, argv):
+            result = handler(cfg, args)
     except Exception as exc:
         error = as_user_error(exc, sql=args.command == "sql")
         if error is None or args.debug:

@@ -74,6 +74,26 @@ class MlflowConf(_Section):
     register_models: bool = True
 
 
+class LockConf(_Section):
+    """The schema's run lock (:mod:`jobs.lock`): one writing ``erg`` job at a time per schema, held in the Delta
+    table ``<schema>.run_lock`` so that it holds across processes, hosts and clusters."""
+    enabled: bool = Field(True, description="take the lock in every writing erg command (run, ingest, extract, "
+                          "embed, retrieve, generate, train, experiment, restore, sql --write)")
+    wait_s: float = Field(0.0, ge=0, description="how long a writing job waits for a lock another job holds before "
+                          "it refuses (exit 2, naming the holder); 0 = refuse at once")
+    ttl_s: float = Field(600.0, gt=0, description="a holder on another host whose heartbeat is older than this is "
+                         "taken for dead (on the same host a dead holder is seen at once by its process id)")
+    heartbeat_s: float = Field(60.0, gt=0, description="how often the holder renews its lease")
+    poll_s: float = Field(5.0, gt=0, description="how often a waiting job looks at the lock again")
+
+    @model_validator(mode="after")
+    def _heartbeat_within_ttl(self) -> "LockConf":
+        if self.heartbeat_s * 2 > self.ttl_s:
+            raise ValueError(f"heartbeat_s ({self.heartbeat_s}) must be at most half of ttl_s ({self.ttl_s}), so "
+                             "that a live holder renews its lease before it expires")
+        return self
+
+
 class IngestSource(_Section):
     format: Literal["senticap_json", "senticap_csv", "flickrstyle", "flickr30k_tokens", "coco_captions",
                     "coco_karpathy_refs", "image_manifest"]
@@ -674,6 +694,7 @@ class ErgConfig(_Section):
     evaluate: EvaluateConf = Field(default_factory=EvaluateConf)
     visual_relatedness: VisualRelatednessConf = Field(default_factory=VisualRelatednessConf)
     experiment: ExperimentConf = Field(default_factory=ExperimentConf)
+    lock: LockConf = Field(default_factory=LockConf)
 
     @field_validator("styles")
     @classmethod

@@ -35,6 +35,18 @@ class MissingStepError(UserError, RuntimeError):
     """A job needs what an earlier job writes (a table's rows, a trained model): run that job first."""
 
 
+#: Delta's optimistic-concurrency conflicts: another writer committed to a table this job read or wrote
+_CONCURRENT = re.compile(r"\b(Concurrent(Append|DeleteRead|DeleteDelete|Transaction|Write)Exception|"
+                         r"MetadataChangedException|ProtocolChangedException|DELTA_CONCURRENT_[A-Z_]+|"
+                         r"DELTA_METADATA_CHANGED|DELTA_PROTOCOL_CHANGED)\b")
+_TABLE_IN = re.compile(r"\b[Tt]able\s+[`']?((?:\w+\.)+\w+)")  # a qualified name: schema.table
+
+
+def is_concurrent_write(exc: BaseException) -> bool:
+    """Whether ``exc`` is Delta refusing a commit because another writer committed first."""
+    return bool(_CONCURRENT.search(f"{type(exc).__name__} {exc}"))
+
+
 #: "<problem>: run `erg <job>` ... first": the convention of messages about a step run before the one it needs
 _RUN_FIRST = re.compile(r"[:;,]\s+(run `erg [a-z]+[^`]*`.*\bfirst\b.*)$", re.S)
 
@@ -54,6 +66,14 @@ def as_user_error(exc: BaseException, sql: bool = False) -> UserError | None:
         return UserError(f"{problem}: {detail}", "fix the key(s) named above in the conf file or the --set override")
     name = type(exc).__name__
     message = str(exc)
+    if is_concurrent_write(exc):
+        kind = _CONCURRENT.search(f"{name} {message}").group(1)
+        table = _TABLE_IN.search(message)
+        where = f" to {table.group(1)}" if table else ""
+        return UserError(f"another writer committed{where} while this job ran ({kind}): Delta refused this job's "
+                         "commit, so the table holds the other writer's change and none of this one's",
+                         "find the other writer (a job outside erg, or one started with lock.enabled off), let it "
+                         "finish, then rerun (`erg run --incremental` does only what is missing)")
     if name in ("AnalysisException", "ParseException") or "TABLE_OR_VIEW_NOT_FOUND" in message:
         first = message.strip().splitlines()[0] if message.strip() else name
         first = re.sub(r"\s*SQLSTATE: \w+\.?", "", first)

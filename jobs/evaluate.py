@@ -220,4 +220,4 @@ def evaluate(spark: SparkSession, cfg: ErgConfig) -> dict[str, Any]:
     plan = plan_evaluation(cfg)
     return run_job(spark, cfg, "evaluate", EVALUATE_STEPS, sections=("evaluate",),
                    params={"variants": ",".join(plan.captioners), "encoder_version": plan.encoder_version},
-                   inputs={"plan": plan}, result=evaluation_result)
+                   inputs={"plan": plan}, result=evaluation_result, record_state=False)

@@ -540,7 +540,7 @@ def record_cell(cell: Cell, cell_cfg: ErgConfig, info: dict[str, Any], cell_dir:
     summary = _summary_of(cell_dir / "model")
     if summary is None:
         raise RuntimeError(f"cell {cell.label}: training finished without rank 0's summary in {cell_dir / 'model'}")
-    with job_run(cell_cfg, "experiment_cell", sections=("train",),
+    with job_run(cell_cfg, "experiment_cell", sections=("train",), record_state=False,
                  params={"cell": cell.name, "style": cell.style, "captioner": cell.captioner,
                          "variant": cell.variant, "types": ",".join(cell.types or ["all"]),
                          "fraction": cell.fraction, "features": features, "seed": cell.seed,

@@ -137,3 +137,48 @@ def log_transformers_model(cfg: ErgConfig, model, tokenizer, *, name: str, task:
         registered_model_name=registered_name(cfg, f"erg_{name}") if cfg.mlflow.register_models else None,
     )
     return None if info.registered_model_version is None else str(info.registered_model_version)
+
+
+def current_aliases(cfg: ErgConfig) -> dict[str, str | None]:
+    """Every registered model of ``cfg``'s schema (``erg_<kind>``, named as :func:`registered_name` names it) and
+    the version its ``current`` alias names (None: no alias)."""
+    import mlflow
+
+    client = _client(cfg)
+    prefix = registered_name(cfg, "erg_")
+
+    def search(filter_string: str | None) -> list:
+        found, token = [], None
+        while True:
+            page = client.search_registered_models(filter_string=filter_string, page_token=token)
+            found += list(page)
+            token = getattr(page, "token", None)
+            if not token:
+                return found
+
+    try:
+        models = search(f"name LIKE '{prefix}%'")
+    except mlflow.exceptions.MlflowException:  # a registry without LIKE filters: every model, filtered here
+        models = search(None)
+    out: dict[str, str | None] = {}
+    for model in models:
+        # the default schema's prefix "erg_" also begins other schemas' names ("erg_eps0.05.erg_generator")
+        if not model.name.startswith(prefix) or "." in model.name[len(prefix):]:
+            continue
+        aliases = client.get_registered_model(model.name).aliases or {}
+        out[model.name] = str(aliases[CURRENT_ALIAS]) if CURRENT_ALIAS in aliases else None
+    return out
+
+
+def point_current(cfg: ErgConfig, name: str, version: str | None) -> None:
+    """Move the ``current`` alias of registered model ``name`` to ``version`` (None: remove the alias)."""
+    import mlflow
+
+    client = _client(cfg)
+    if version is not None:
+        client.set_registered_model_alias(name, CURRENT_ALIAS, str(version))
+        return
+    try:
+        client.delete_registered_model_alias(name, CURRENT_ALIAS)
+    except mlflow.exceptions.MlflowException:  # no such alias (or model): nothing to remove
+        pass

@@ -11,10 +11,11 @@ from jobs.config import ErgConfig
 from jobs.embed import embed
 from jobs.extract import extract
 from jobs.generate import generate_augmented
+from jobs.history import SCHEMA_TAG, schema_key
 from jobs.ingest import ingest
 from jobs.retrieve import retrieve
 from jobs.runner import parent_run
-from jobs.tracking import log_counts
+from jobs.tracking import log_counts, recording
 
 STAGES = ("ingest", "extract", "embed", "retrieve", "generate")
 
@@ -47,8 +48,9 @@ def run_pipeline(spark: SparkSession, cfg: ErgConfig, *, incremental: bool = Fal
     console = Console(stderr=True)
     results: dict[str, Any] = {}
     # nested under an active run (e.g. ``erg experiment``'s, which reruns ERG at each Fig. 5 eps)
-    with parent_run(cfg, "erg run", tags={"erg.job": "run", "erg.conf": cfg.name,
-                                          "erg.incremental": str(incremental).lower()}) as parent:
+    with parent_run(cfg, "erg run", tags={"erg.job": "run", "erg.conf": cfg.name, SCHEMA_TAG: schema_key(cfg),
+                                          "erg.incremental": str(incremental).lower()}) as parent, \
+            recording(cfg, parent.info.run_id):  # the state after the whole run: what `erg restore` brings back
         for number, stage in enumerate(STAGES, start=1):
             results[stage] = run_stage(spark, cfg, number, stage, incremental, console)
         results["parent_run_id"] = parent.info.run_id

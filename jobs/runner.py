@@ -107,11 +107,13 @@ def default_result(ctx: JobContext) -> dict[str, Any]:
 def run_job(spark: SparkSession, cfg: ErgConfig, job_name: str, steps: list[Step] | tuple[Step, ...], *,
             sections: tuple[str, ...] = (), params: dict | None = None, incremental: bool = False,
             inputs: dict[str, Any] | None = None,
-            result: Callable[[JobContext], dict[str, Any]] = default_result) -> dict[str, Any]:
+            result: Callable[[JobContext], dict[str, Any]] = default_result,
+            record_state: bool = True) -> dict[str, Any]:
     """Open the job's MLflow run (``erg.job`` = ``job_name``; the conf sections and ``params`` as params), run the
     steps (``inputs`` are outputs known before the run, by name), log the counts and metrics once; returns
-    ``result(ctx)``."""
-    with job_run(cfg, job_name, sections=sections, params=params) as run:
+    ``result(ctx)``. ``record_state``: the job may write tables, watermarks or ``current`` aliases, so the schema's
+    state after it is recorded on its run (:func:`jobs.tracking.job_run`)."""
+    with job_run(cfg, job_name, sections=sections, params=params, record_state=record_state) as run:
         ctx = JobContext(spark, cfg, run, incremental, out=dict(inputs or {}))
         run_steps(ctx, steps)
         log_counts({**ctx.counts, **ctx.metrics})

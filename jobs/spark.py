@@ -22,24 +22,26 @@ def on_databricks() -> bool:
     return "DATABRICKS_RUNTIME_VERSION" in os.environ
 
 
-def get_spark(cfg: ErgConfig):
-    """The session for ``cfg``: existing on Databricks, else a local Delta-enabled one (created once)."""
+def get_spark(cfg: ErgConfig, *, register: bool = True):
+    """The session for ``cfg``: existing on Databricks, else a local Delta-enabled one (created once).
+    ``register`` False: the schema's tables are not made or registered yet (the CLI takes the schema's run lock,
+    :mod:`jobs.lock`, before a writing job creates them)."""
     from pyspark.sql import SparkSession
 
     if cfg.platform == "databricks":
-        return _prepared(SparkSession.getActiveSession() or SparkSession.builder.getOrCreate(), cfg)
+        return _prepared(SparkSession.getActiveSession() or SparkSession.builder.getOrCreate(), cfg, register)
     if cfg.spark.remote:
         # the server holds Delta's jars and extensions (jobs.connect_server); this process only speaks gRPC
-        return _prepared(SparkSession.builder.remote(cfg.spark.remote).getOrCreate(), cfg)
+        return _prepared(SparkSession.builder.remote(cfg.spark.remote).getOrCreate(), cfg, register)
     active = SparkSession.getActiveSession()
     if active is not None:
-        return _prepared(active, cfg)
+        return _prepared(active, cfg, register)
     builder = SparkSession.builder.master(cfg.spark.master)
     for key, value in session_settings(cfg).items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
-    return _prepared(spark, cfg)
+    return _prepared(spark, cfg, register)
 
 
 def session_settings(cfg: ErgConfig) -> dict[str, str]:
@@ -118,15 +120,16 @@ def session_key(spark) -> str:
 _REGISTERED: set[tuple[str, str, str | None]] = set()
 
 
-def _prepared(spark, cfg: ErgConfig):
-    """Apply the conf's runtime settings and make sure its schema and tables exist (once per session)."""
+def _prepared(spark, cfg: ErgConfig, register: bool = True):
+    """Apply the conf's runtime settings and make sure its schema and tables exist (once per session; not with
+    ``register`` False)."""
     from jobs.tables import register_tables
 
     if cfg.spark.shuffle_partitions is not None:
         spark.conf.set("spark.sql.shuffle.partitions", str(cfg.spark.shuffle_partitions))
     spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", str(cfg.spark.arrow_max_records_per_batch))
     key = (session_key(spark), f"{cfg.tables.catalog}.{cfg.tables.schema_name}", cfg.tables.location)
-    if key not in _REGISTERED:
+    if register and key not in _REGISTERED:
         register_tables(spark, cfg)
         _REGISTERED.add(key)
     return spark

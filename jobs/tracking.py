@@ -40,17 +40,23 @@ def flatten(prefix: str, value: Any) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def job_run(cfg: ErgConfig, job: str, *, sections: tuple[str, ...] = (), params: dict | None = None) -> Iterator[Any]:
+def job_run(cfg: ErgConfig, job: str, *, sections: tuple[str, ...] = (), params: dict | None = None,
+            record_state: bool = True) -> Iterator[Any]:
     """An MLflow run for one job, nested under the active run (``erg run``'s parent) when there is one.
 
-    Logs the conf name, the given config sections and extra params; tags ``erg.job``. Yields the run.
+    Logs the conf name, the given config sections and extra params; tags ``erg.job`` and ``erg.schema``. Yields the
+    run. With ``record_state`` (a job that may write tables, watermarks or ``current`` aliases), a job that finishes
+    records the schema's state after it on the run (:func:`jobs.history.record_state`: what ``erg restore`` reads).
     """
     import mlflow
+
+    from jobs.history import SCHEMA_TAG, schema_key
 
     experiment_id = configure_mlflow(cfg)
     nested = mlflow.active_run() is not None
     with mlflow.start_run(run_name=job, nested=nested, experiment_id=experiment_id,
-                          tags={"erg.job": job, "erg.conf": cfg.name, "erg.platform": cfg.platform}) as run:
+                          tags={"erg.job": job, "erg.conf": cfg.name, "erg.platform": cfg.platform,
+                                SCHEMA_TAG: schema_key(cfg)}) as run:
         logged = {"conf": cfg.name, "styles": json.dumps(cfg.styles)}
         for section in sections:
             logged.update(flatten(section, getattr(cfg, section)))
@@ -58,7 +64,26 @@ def job_run(cfg: ErgConfig, job: str, *, sections: tuple[str, ...] = (), params:
         items = list(logged.items())
         for start in range(0, len(items), 100):
             mlflow.log_params(dict(items[start:start + 100]))
-        yield run
+        with recording(cfg, run.info.run_id, record_state):
+            yield run
+
+
+@contextlib.contextmanager
+def recording(cfg: ErgConfig, run_id: str, enabled: bool = True) -> Iterator[None]:
+    """Around a writing job's work: names its run in the schema's lock row (:mod:`jobs.lock`) and, when the block
+    finishes, records the schema's state after it on the run (:func:`jobs.history.record_state`)."""
+    if not enabled:
+        yield
+        return
+    from jobs.history import record_state, table_versions
+    from jobs.lock import note_run
+    from jobs.spark import get_spark
+
+    note_run(cfg, run_id)
+    spark = get_spark(cfg)
+    before = table_versions(spark, cfg)
+    yield
+    record_state(spark, cfg, run_id, before)
 
 
 @contextlib.contextmanager

@@ -108,3 +108,22 @@ def test_what_counts_as_a_user_error():
     assert as_user_error(FileNotFoundError(2, "No such file", "/x/y")).problem == "/x/y: no such file or folder"
     error = InputFileError("f.txt: bad", "fix it")
     assert as_user_error(error) is error and error.lines() == ["f.txt: bad", "fix: fix it"]
+
+
+def test_delta_concurrent_commit_is_a_user_error():
+    """Delta refusing a commit because another writer committed first: exit 2 with the table named, not a trace."""
+    class Py4JJavaError(Exception):
+        pass
+
+    trace = ("An error occurred while calling o412.sql.\n: io.delta.exceptions.ConcurrentAppendException: "
+             "[DELTA_CONCURRENT_APPEND.WITH_PARTITION_HINT] ConcurrentAppendException: Files were added to the root "
+             "of the table by a concurrent update. a concurrent MERGE added data to table erg.stylized_captions.\n"
+             "\tat org.apache.spark.sql.delta.ConflictChecker.checkForAddedFilesThatShouldHaveBeenReadByCurrentTxn")
+    error = as_user_error(Py4JJavaError(trace))
+    assert error is not None and len(error.lines()) == 2
+    assert error.lines()[0].startswith("another writer committed to erg.stylized_captions while this job ran "
+                                       "(ConcurrentAppendException)")
+    assert "rerun" in error.fix
+    assert as_user_error(RuntimeError("MetadataChangedException: the metadata of the Delta table has been changed")) \
+        is not None
+    assert as_user_error(RuntimeError("no concurrent thing here")) is None

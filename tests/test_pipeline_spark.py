@@ -152,3 +152,87 @@ def test_killed_twice_then_rerun_equals_uninterrupted(spark, pipeline, erg_home,
     assert noop["retrieve"].get("skipped")
     assert noop["generate"]["candidates"] == 0
     assert rerun["generate"]["generator_version"] == noop["generate"]["generator_version"]
+
+
+def _bad_files(folder) -> list:
+    """A SentiCap file whose captions carry the wrong sentiment (and one record with no image, quarantined) and a
+    Flickr30K file of new factual captions: what a bad delivery looks like."""
+    import json
+
+    from jobs.config import IngestSource
+
+    folder.mkdir(parents=True, exist_ok=True)
+    images = [{"imgid": 90000 + i, "split": "train", "filename": f"COCO_train2014_00000099{i:04d}.png",
+               "sentences": [{"raw": f"a miserable dirty {animal} sits in the gloomy snow.", "sentiment": 1},
+                             {"raw": f"a lovely happy {animal} plays on the wonderful beach.", "sentiment": 0}]}
+              for i, animal in enumerate(["dog", "cat", "horse", "bird", "boy", "girl"])]
+    images.append({"imgid": 99999, "split": "train", "filename": "", "sentences": [{"raw": "no image", "sentiment": 0}]})
+    (folder / "bad_senticap.json").write_text(json.dumps({"images": images}))
+    (folder / "bad_factual.txt").write_text("".join(
+        f"bad_{i:03d}.png#{j}\ta {animal} is {verb} near the {place} {('again', 'today')[j]} .\n"
+        for i, (animal, verb, place) in enumerate([("dog", "running", "water"), ("cat", "sitting", "street"),
+                                                   ("man", "jumping", "field"), ("woman", "walking", "park"),
+                                                   ("child", "playing", "garden")]) for j in range(2)))
+    return [IngestSource(format="senticap_json", path=str(folder / "bad_senticap.json"), name="bad_senticap"),
+            IngestSource(format="flickr30k_tokens", path=str(folder / "bad_factual.txt"), name="bad_flickr30k")]
+
+
+def test_restore_to_a_run_undoes_a_bad_file(spark, pipeline, erg_home):
+    """The pipeline fixture's run, then a bad file ingested and a full run over it (which retrains the models and
+    moves their `current` aliases), then `restore` to the first run: every table equals its state after the first run
+    (Delta time travel to the versions it recorded), the watermarks and aliases are the first run's, and an
+    incremental run afterwards does no work and leaves the tables of a run that never saw the bad file.
+    (Kept last in this module: it rewrites the fixture's schema and puts it back.)"""
+    from benchmarks.chaos import compare_tables
+    from jobs.history import history, load_state, restore
+    from jobs.ingest import ingest
+    from jobs.model_store import current_aliases
+    from jobs.sample import sample_sources
+    from jobs.tables import TABLES
+    from jobs.watermarks import _path
+
+    cfg, first = pipeline
+    run_id = first["parent_run_id"]
+    state = load_state(cfg, run_id)
+    assert set(state["tables"]) == set(TABLES) and state["models"] and state["watermarks"]["retrieve"]
+    after_first = {t: spark.read.option("versionAsOf", v).table(table_name(cfg, t)).toPandas()
+                   for t, v in state["tables"].items()}
+
+    bad = cfg.model_copy(deep=True)
+    bad.ingest.sources = sample_sources(cfg) + _bad_files(erg_home / "bad_delivery")
+    landed = ingest(spark, bad)
+    assert landed["stylized_captions.inserted"] == 12 and landed["factual_captions.inserted"] == 10
+    second = run_pipeline(spark, bad)
+    assert second["extract"]["scenes_to_extract"] > 0
+    assert current_aliases(cfg) != state["models"]  # retrained: the aliases moved
+    damaged = compare_tables(after_first.__getitem__, lambda t: spark.table(table_name(cfg, t)).toPandas())
+    assert {d["table"] for d in damaged["differences"]} >= {"stylized_captions", "factual_captions", "quarantine",
+                                                            "embeddings", "style_phrases"}
+
+    rows = {r["run_id"]: r for r in history(cfg, last=50)}
+    assert rows[run_id]["job"] == "run" and rows[run_id]["written"] == {
+        t: v for t, v in state["tables"].items() if v > 0}
+    assert rows[second["parent_run_id"]]["restorable"] and rows[second["ingest"]["run_id"]]["written"] == {}
+
+    result = restore(spark, cfg, run_id)
+    actions = {t: c["action"] for t, c in result["tables"].items()}
+    assert set(actions) == set(TABLES) and set(actions.values()) <= {"restored", "unchanged"}
+    assert all(actions[d["table"]] == "restored" for d in damaged["differences"])
+    for table, frame in after_first.items():
+        now = spark.table(table_name(cfg, table)).toPandas()
+        assert len(now) == len(frame), table
+        keys = list(TABLES[table].keys)
+        assert now.sort_values(keys).reset_index(drop=True).astype(str).equals(
+            frame.sort_values(keys).reset_index(drop=True).astype(str)), table
+    assert current_aliases(cfg) == state["models"]
+    import json
+
+    marks = json.loads(_path(cfg).read_text())
+    assert marks["retrieve"] == {"embeddings": result["tables"]["embeddings"]["to"]}
+
+    rerun = run_pipeline(spark, cfg, incremental=True)
+    assert rerun["ingest"]["sources.skipped_unchanged"] == len(sample_sources(cfg))
+    assert rerun["extract"]["scenes_to_extract"] == 0 and rerun["generate"]["candidates"] == 0
+    assert rerun["retrieve"].get("skipped")
+    final = compare_tables(after_first.__getitem__, lambda t: spark.table(table_name(cfg, t)).toPandas())
+    assert final["identical"], final["differences"]
