@@ -109,7 +109,39 @@ def cmd_experiment(cfg, args) -> dict:
                                           "cls", "cls_independent", "ppl", "train_pairs")} for r in result["rows"]]}
 
 
+def _json_value(value):
+    import datetime as dt
+
+    if isinstance(value, dt.datetime) and value.tzinfo is not None:  # as Spark hands it over: UTC, naive
+        return value.astimezone(dt.timezone.utc).replace(tzinfo=None)
+    return value
+
+
 def cmd_sql(cfg, args) -> None:
+    from jobs import sql_fast
+    from jobs.errors import UserError
+
+    if not args.write:  # a query: DuckDB answers it where it can (no Spark, no JVM), else Spark as below
+        engine, note = sql_fast.route(cfg, args.query, args.engine)
+        if engine == "duckdb":
+            try:
+                result = sql_fast.query(cfg, args.query, limit=args.limit)
+            except sql_fast.NotFast as exc:
+                if args.engine == "duckdb":
+                    raise UserError(f"--engine duckdb cannot run this statement: {exc}",
+                                    "leave --engine at auto (Spark runs it)") from None
+                note = str(exc)
+            else:
+                if args.json:
+                    for row in result.rows[:args.limit]:
+                        print(json.dumps(dict(zip(result.columns, map(_json_value, row))), default=str))
+                else:
+                    print(sql_fast.show(result, args.limit, args.truncate), end="")
+                return
+        if note:
+            print(f"erg sql: answered by Spark ({note})", file=sys.stderr)
+    if not args.debug:
+        _quiet_query_logs()
     from jobs.spark import get_spark
     from jobs.sql_access import check_read_only, run_write
 
@@ -177,6 +209,9 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--limit", type=int, default=50)
             p.add_argument("--truncate", type=int, default=60)
             p.add_argument("--json", action="store_true", help="print rows as JSON lines")
+            p.add_argument("--engine", choices=("auto", "duckdb", "spark"), default="auto",
+                           help="auto (default): a plain SELECT over a local home is answered by DuckDB without "
+                                "Spark, anything else by Spark; spark: always Spark; duckdb: DuckDB or fail")
             p.add_argument("--write", action="store_true",
                            help="allow a statement that writes or changes state (INSERT, DELETE, DROP, SET, ...); "
                                 "logged to MLflow with the tables' Delta versions before and after")
@@ -207,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_config(args.conf, args.overrides)
         handler, _ = COMMANDS[args.command]
-        if not args.debug:
+        if not args.debug and args.command != "sql":  # erg sql does it only where it starts Spark
             _quiet_query_logs()
         result = handler(cfg, args)
     except Exception as exc:
