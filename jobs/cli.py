@@ -7,6 +7,10 @@ Examples::
     erg run                          # the whole pipeline on the embedded local default
     erg sql "SELECT style, count(*) FROM erg.stylized_captions GROUP BY style"
 
+A command prints its own lines only: one progress line per stage and a short summary table at the end (``--json``
+prints the whole result as JSON instead, for scripts); MLflow's and Spark's chatter goes to a log file under the home
+whose path is printed once (``--verbose`` shows it instead; see :mod:`jobs.console`).
+
 A user error (a bad conf, a bad input file, a missing table, a step run before the one it needs; see
 :mod:`jobs.errors`) is printed as one or two lines, the problem and the fix, with exit status 2; ``--debug`` (or
 ``ERG_DEBUG=1``) shows its traceback instead. Any other failure is a bug and shows its traceback (exit status 1).
@@ -19,6 +23,7 @@ import os
 import sys
 import time
 
+from jobs import console
 from jobs.config import load_config
 from jobs.errors import as_user_error
 
@@ -27,8 +32,11 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-def _print(result: object) -> None:
-    print(json.dumps(result, indent=2, default=str))
+def _print(command: str, result: object, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(result, indent=2, default=str), file=console.out())
+    else:
+        print(console.summary_table(command, result), end="", file=console.out())
 
 
 def cmd_setup(cfg, args) -> dict:
@@ -47,12 +55,14 @@ def cmd_ingest(cfg, args) -> dict:
     from jobs.ingest import ingest, summary_lines
     from jobs.spark import get_spark
 
-    counts = ingest(get_spark(cfg), cfg)
+    spark = get_spark(cfg)
+    with console.stage("ingest") as stage:
+        stage.result = counts = ingest(spark, cfg)
     print("\n".join(["every record read is kept, quarantined or a duplicate:", *summary_lines(counts["sources"])]),
-          file=sys.stderr)
+          file=console.err())
     if counts["skipped_sources"]:
         print(f"not read again (same files as the last ingest): {', '.join(counts['skipped_sources'])}",
-              file=sys.stderr)
+              file=console.err())
     return counts
 
 
@@ -60,42 +70,60 @@ def cmd_extract(cfg, args) -> dict:
     from jobs.extract import extract
     from jobs.spark import get_spark
 
-    return extract(get_spark(cfg), cfg, incremental=args.incremental)
+    spark = get_spark(cfg)
+    with console.stage("extract") as stage:
+        stage.result = extract(spark, cfg, incremental=args.incremental)
+    return stage.result
 
 
 def cmd_embed(cfg, args) -> dict:
     from jobs.embed import embed
     from jobs.spark import get_spark
 
-    return embed(get_spark(cfg), cfg)
+    spark = get_spark(cfg)
+    with console.stage("embed") as stage:
+        stage.result = embed(spark, cfg)
+    return stage.result
 
 
 def cmd_retrieve(cfg, args) -> dict:
     from jobs.retrieve import retrieve
     from jobs.spark import get_spark
 
-    return retrieve(get_spark(cfg), cfg, incremental=args.incremental)
+    spark = get_spark(cfg)
+    with console.stage("retrieve") as stage:
+        stage.result = retrieve(spark, cfg, incremental=args.incremental)
+    return stage.result
 
 
 def cmd_generate(cfg, args) -> dict:
     from jobs.generate import generate_augmented
     from jobs.spark import get_spark
 
-    return generate_augmented(get_spark(cfg), cfg, incremental=args.incremental)
+    spark = get_spark(cfg)
+    with console.stage("generate") as stage:
+        stage.result = generate_augmented(spark, cfg, incremental=args.incremental)
+    return stage.result
 
 
 def cmd_train(cfg, args) -> dict:
     from jobs.spark import get_spark
     from jobs.train import train
 
-    return train(get_spark(cfg), cfg)
+    spark = get_spark(cfg)
+    with console.stage("train") as stage:
+        stage.result = train(spark, cfg)
+    return stage.result
 
 
 def cmd_evaluate(cfg, args) -> dict:
     from jobs.evaluate import evaluate
     from jobs.spark import get_spark
 
-    return evaluate(get_spark(cfg), cfg)
+    spark = get_spark(cfg)
+    with console.stage("evaluate") as stage:
+        stage.result = evaluate(spark, cfg)
+    return stage.result
 
 
 def cmd_experiment(cfg, args) -> dict:
@@ -134,12 +162,13 @@ def cmd_sql(cfg, args) -> None:
             else:
                 if args.json:
                     for row in result.rows[:args.limit]:
-                        print(json.dumps(dict(zip(result.columns, map(_json_value, row))), default=str))
+                        print(json.dumps(dict(zip(result.columns, map(_json_value, row))), default=str),
+                              file=console.out())
                 else:
-                    print(sql_fast.show(result, args.limit, args.truncate), end="")
+                    print(sql_fast.show(result, args.limit, args.truncate), end="", file=console.out())
                 return
         if note:
-            print(f"erg sql: answered by Spark ({note})", file=sys.stderr)
+            print(f"erg sql: answered by Spark ({note})", file=console.err())
     if not args.debug:
         _quiet_query_logs()
     from jobs.spark import get_spark
@@ -153,9 +182,10 @@ def cmd_sql(cfg, args) -> None:
         df = spark.sql(args.query)
     if args.json:
         for row in df.limit(args.limit).collect():
-            print(json.dumps(row.asDict(recursive=True), default=str))
+            print(json.dumps(row.asDict(recursive=True), default=str), file=console.out())
     else:
-        df.show(args.limit, truncate=args.truncate)
+        # as df.show() prints it, on the terminal's stdout (library output goes to the log file)
+        print(df._show_string(args.limit, args.truncate), end="", file=console.out())
 
 
 def cmd_run(cfg, args) -> dict:
@@ -166,13 +196,15 @@ def cmd_run(cfg, args) -> dict:
 
 
 def cmd_compare(cfg, args) -> None:
+    from rich.console import Console
+
     from jobs.compare import compare, render
 
     try:
         comparison = compare(cfg, args.run_ids or None, args.job, args.last)
     except ValueError as exc:
         raise SystemExit(f"erg compare: {exc}") from None
-    render(comparison)
+    render(comparison, Console(file=console.out()))
 
 
 COMMANDS = {
@@ -204,6 +236,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="override a conf key, e.g. --set extract.eps=0.3 (repeatable)")
         p.add_argument("--debug", action="store_true", default=os.environ.get("ERG_DEBUG", "") not in ("", "0"),
                        help="show the traceback of a user error (bad conf or input, missing table or step)")
+        p.add_argument("--verbose", action="store_true",
+                       help="show MLflow's and Spark's own output (INFO/WARN lines, banners) instead of sending it to "
+                            "the log file under the home")
         if name == "sql":
             p.add_argument("query")
             p.add_argument("--limit", type=int, default=50)
@@ -219,6 +254,9 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("run_ids", nargs="*", metavar="RUN_ID", help="runs to compare (default: a job's last runs)")
             p.add_argument("--job", help="compare this job's last runs (tag erg.job; default: the newest run's job)")
             p.add_argument("--last", type=int, default=2, help="how many of the job's last runs to compare")
+        if name not in ("sql", "compare"):
+            p.add_argument("--json", action="store_true",
+                           help="print the result as JSON (every value) instead of the summary table, for scripts")
         if name in ("run", "extract", "retrieve", "generate"):
             p.add_argument("--incremental", action="store_true", help="process only new stylized/factual rows")
     return parser
@@ -242,9 +280,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_config(args.conf, args.overrides)
         handler, _ = COMMANDS[args.command]
-        if not args.debug and args.command != "sql":  # erg sql does it only where it starts Spark
-            _quiet_query_logs()
-        result = handler(cfg, args)
+        # on a cluster the driver's log keeps everything: no log file of our own there
+        verbose = args.verbose or cfg.platform != "local"
+        with console.Output(cfg.home, args.command, verbose=verbose):
+            if not args.debug and args.command != "sql":  # erg sql does it only where it starts Spark
+                _quiet_query_logs()
+            result = handler(cfg, args)
+            if result is not None:
+                _print(args.command, result, getattr(args, "json", False))
     except Exception as exc:
         error = as_user_error(exc, sql=args.command == "sql")
         if error is None or args.debug:
@@ -255,8 +298,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {line}", file=sys.stderr)
         # raised, not returned: Databricks calls the entry point directly and must see the task fail
         raise SystemExit(2) from None
-    if result is not None:
-        _print(result)
     print(f"erg {args.command}: done in {time.time() - started:.1f}s", file=sys.stderr)
     return 0
 

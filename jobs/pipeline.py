@@ -14,8 +14,8 @@ STAGES = ("ingest", "extract", "embed", "retrieve", "generate")
 
 def run_pipeline(spark: SparkSession, cfg: ErgConfig, *, incremental: bool = False) -> dict:
     import mlflow
-    from rich.console import Console
 
+    from jobs.console import stage as progress
     from jobs.embed import embed
     from jobs.extract import extract
     from jobs.generate import generate_augmented
@@ -30,7 +30,6 @@ def run_pipeline(spark: SparkSession, cfg: ErgConfig, *, incremental: bool = Fal
         "retrieve": lambda: retrieve(spark, cfg, incremental=incremental),
         "generate": lambda: generate_augmented(spark, cfg, incremental=incremental),
     }
-    console = Console(stderr=True)
     experiment_id = configure_mlflow(cfg)
     results: dict[str, dict] = {}
     # nested under an active run (e.g. ``erg experiment``'s, which reruns ERG at each Fig. 5 eps)
@@ -38,11 +37,10 @@ def run_pipeline(spark: SparkSession, cfg: ErgConfig, *, incremental: bool = Fal
                           tags={"erg.job": "run", "erg.conf": cfg.name,
                                 "erg.incremental": str(incremental).lower()}) as parent:
         for number, stage in enumerate(STAGES, start=1):
-            console.rule(f"[bold]{number}/{len(STAGES)} {stage}")
             started = time.time()
-            results[stage] = stage_fns[stage]()
+            with progress(stage, number, len(STAGES)) as line:  # one line per stage: "n/N stage", then its time
+                line.result = results[stage] = stage_fns[stage]()
             seconds = time.time() - started
             log_counts({f"stage_seconds.{stage}": seconds}, step=number)
-            console.print(f"{stage}: {seconds:.1f}s")
         results["parent_run_id"] = parent.info.run_id
     return results
