@@ -36,9 +36,9 @@ AGGREGATES = {
     "quarantine": "SELECT reason, count(*) AS n FROM {t} GROUP BY reason ORDER BY reason",
     "style_phrases": "SELECT style, layer, head, count(*) AS n, avg(eps) AS eps FROM {t} GROUP BY style, layer, head "
                      "ORDER BY style",
-    "embeddings": "SELECT item_kind, modality, count(*) AS n, min(created_at) AS first FROM {t} "
+    "embeddings": "SELECT item_kind, modality, count(*) AS n, min(created_at) AS earliest FROM {t} "
                   "GROUP BY item_kind, modality ORDER BY item_kind, modality",
-    "retrievals": "SELECT retrieval_type, rank, count(*) AS n, round(avg(similarity) * 1000) AS mean_sim_x1000 "
+    "retrievals": "SELECT retrieval_type, rank, count(*) AS n, avg(similarity) AS mean_sim, max(query_id) AS last_q "
                   "FROM {t} GROUP BY retrieval_type, rank ORDER BY retrieval_type, rank",
     "augmented_captions": "SELECT style, passed, count(*) AS n, avg(perplexity) AS ppl, max(style_probability) AS p "
                           "FROM {t} GROUP BY style, passed ORDER BY style, passed NULLS LAST",
@@ -57,7 +57,7 @@ def _plant(spark, cfg) -> None:
     words = stylized["caption"].str.split()
     append_rows(spark, cfg, "style_phrases", pd.DataFrame({
         "scene_id": stylized["scene_id"], "style": stylized["style"], "caption": stylized["caption"],
-        "tokens": words, "importance": [list(rng.random(len(w))) for w in words],
+        "tokens": words, "importance": [[float(x) for x in rng.random(len(w))] for w in words],
         "style_phrase": [" ".join(w[-2:]) for w in words], "phrase_words": [w[-2:] for w in words],
         "phrase_mask": [[i >= len(w) - 2 for i in range(len(w))] for w in words],
         "content": [" ".join(w[:-2]) for w in words], "layer": 3, "head": 7, "eps": 0.25,
@@ -65,7 +65,7 @@ def _plant(spark, cfg) -> None:
     items = [(sid, "scene") for sid in stylized["scene_id"]] + [(cid, "factual") for cid in factual["caption_id"]]
     append_rows(spark, cfg, "embeddings", pd.DataFrame({
         "item_id": [i for i, _ in items], "item_kind": [k for _, k in items], "modality": "text",
-        "vector": [list(rng.standard_normal(8).astype(np.float32)) for _ in items], "encoder": "minilm",
+        "vector": [[float(x) for x in rng.standard_normal(8).astype(np.float32)] for _ in items], "encoder": "minilm",
         "encoder_version": "e1", "run_id": "r-embed", "created_at": NOW}))
     scenes = stylized["scene_id"].tolist()
     hits = [dict(query_id=q, query_image_id=img, scene_id=scenes[int(rng.integers(len(scenes)))],
@@ -78,13 +78,14 @@ def _plant(spark, cfg) -> None:
     style_of = dict(zip(stylized["scene_id"], stylized["style"]))
     top = hits[hits["rank"] == 1].merge(factual[["caption_id", "caption", "image_uri"]], left_on="query_id",
                                         right_on="caption_id")
-    passed = rng.random(len(top)) < 0.6
+    passed = [bool(x) for x in rng.random(len(top)) < 0.6]
     append_rows(spark, cfg, "augmented_captions", pd.DataFrame({
         "query_id": top["query_id"], "image_id": top["query_image_id"], "image_uri": top["image_uri"],
         "factual_caption": top["caption"], "scene_id": top["scene_id"], "retrieval_type": top["retrieval_type"],
         "style": top["scene_id"].map(style_of), "style_phrase": "so funny",
         "generated_caption": top["caption"] + " so funny", "similarity": top["similarity"],
-        "predicted_style": top["scene_id"].map(style_of), "style_probability": rng.random(len(top)),
+        "predicted_style": top["scene_id"].map(style_of),
+        "style_probability": [float(x) for x in rng.random(len(top))],
         "perplexity": [None if i % 7 == 0 else float(x) for i, x in enumerate(rng.uniform(10, 90, len(top)))],
         "passed_style": passed, "passed_perplexity": True, "passed_similarity": True, "passed": passed,
         "reject_reason": [None if p else "style" for p in passed], "generator_version": "g1", "run_id": "r-gen",
@@ -109,14 +110,15 @@ def home(spark, erg_home):
 
 
 def _comparable(frame: pd.DataFrame) -> list[tuple]:
-    """Rows as tuples of plain values (arrays as tuples, NaN/NaT as None, floats to 12 digits)."""
+    """Rows as tuples of plain values (arrays as tuples, NaN/NaT as None, floats to 9 decimals: the two engines may
+    sum an average's values in another order)."""
     def plain(value):
         if isinstance(value, (list, tuple, np.ndarray)):
             return tuple(plain(v) for v in value)
         if value is None or (isinstance(value, float) and np.isnan(value)) or value is pd.NaT:
             return None
         if isinstance(value, (float, np.floating)):
-            return round(float(value), 12)
+            return round(float(value), 9)
         if isinstance(value, (np.integer,)):
             return int(value)
         if isinstance(value, (np.bool_,)):
