@@ -1,4 +1,4 @@
-"""``erg sql`` without Spark: a query over the local Delta tables answered by DuckDB, in about a second.
+"""``erg sql`` without Spark: a query over the local Delta tables answered by DuckDB, with no JVM to start.
 
 Where it applies (:func:`unavailable_reason` is None): a local home whose tables live in folders
 (``tables.location``, the local default), no Spark Connect server, no Unity Catalog. There a statement takes this
