@@ -167,8 +167,8 @@ def cmd_sql(cfg, args) -> None:
                 else:
                     print(sql_fast.show(result, args.limit, args.truncate), end="", file=console.out())
                 return
-        if note:
-            print(f"erg sql: answered by Spark ({note})", file=console.err())
+    else:
+        note = None
     if not args.debug:
         _quiet_query_logs()
     from jobs.spark import get_spark
@@ -186,6 +186,8 @@ def cmd_sql(cfg, args) -> None:
     else:
         # as df.show() prints it, on the terminal's stdout (library output goes to the log file)
         print(df._show_string(args.limit, args.truncate), end="", file=console.out())
+    if note:  # after the answer: a statement Spark refuses or fails on gets its own message only
+        print(f"erg sql: answered by Spark ({note})", file=console.err())
 
 
 def cmd_run(cfg, args) -> dict:

@@ -122,7 +122,7 @@ def announce() -> None:
     """Print the log file's path on the terminal, once per command."""
     if _state.get("log") and not _state.get("announced"):
         _state["announced"] = True
-        print(f"erg {_state.get('command', '')}: log: {_state['log']}", file=err())
+        print(f"log: {_state['log']}", file=err())
 
 
 def quiet() -> bool:

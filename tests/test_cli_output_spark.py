@@ -32,9 +32,9 @@ def test_default_output_is_quiet_and_ends_with_a_summary_table(tmp_path):
     done = _erg(tmp_path, "ingest", "--conf", "test")
     both = done.stdout + done.stderr
     assert not CHATTER.search(both), both
-    logs = [line for line in done.stderr.splitlines() if line.startswith("erg ingest: log: ")]
+    logs = [line for line in done.stderr.splitlines() if line.startswith("log: ")]
     assert len(logs) == 1, done.stderr
-    log = Path(logs[0].removeprefix("erg ingest: log: "))
+    log = Path(logs[0].removeprefix("log: "))
     assert log.parent == tmp_path / "logs" and log.is_file()
     text = log.read_text()
     # the chatter is in the file: Spark's log4j banner and MLflow creating its store
