@@ -13,6 +13,10 @@ A writing command (run, ingest, extract, embed, retrieve, generate, train, exper
 the schema's run lock while it runs (:mod:`jobs.lock`): a second one waits up to ``lock.wait_s`` and then refuses
 with exit status 2, naming the job that holds it.
 
+A command prints its own lines only: one progress line per stage and a short summary table at the end (``--json``
+prints the whole result as JSON instead, for scripts); MLflow's and Spark's chatter goes to a log file under the home
+whose path is printed once (``--verbose`` shows it instead; see :mod:`jobs.console`).
+
 A user error (a bad conf, a bad input file, a missing table, a step run before the one it needs; see
 :mod:`jobs.errors`) is printed as one or two lines, the problem and the fix, with exit status 2; ``--debug`` (or
 ``ERG_DEBUG=1``) shows its traceback instead. Any other failure is a bug and shows its traceback (exit status 1).
@@ -25,6 +29,7 @@ import os
 import sys
 import time
 
+from jobs import console
 from jobs.config import load_config
 from jobs.errors import as_user_error
 
@@ -33,8 +38,11 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-def _print(result: object) -> None:
-    print(json.dumps(result, indent=2, default=str))
+def _print(command: str, result: object, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(result, indent=2, default=str), file=console.out())
+    else:
+        print(console.summary_table(command, result), end="", file=console.out())
 
 
 def cmd_setup(cfg, args) -> dict:
@@ -53,12 +61,14 @@ def cmd_ingest(cfg, args) -> dict:
     from jobs.ingest import ingest, summary_lines
     from jobs.spark import get_spark
 
-    counts = ingest(get_spark(cfg), cfg)
+    spark = get_spark(cfg)
+    with console.stage("ingest") as stage:
+        stage.result = counts = ingest(spark, cfg)
     print("\n".join(["every record read is kept, quarantined or a duplicate:", *summary_lines(counts["sources"])]),
-          file=sys.stderr)
+          file=console.err())
     if counts["skipped_sources"]:
         print(f"not read again (same files as the last ingest): {', '.join(counts['skipped_sources'])}",
-              file=sys.stderr)
+              file=console.err())
     return counts
 
 
@@ -66,42 +76,60 @@ def cmd_extract(cfg, args) -> dict:
     from jobs.extract import extract
     from jobs.spark import get_spark
 
-    return extract(get_spark(cfg), cfg, incremental=args.incremental)
+    spark = get_spark(cfg)
+    with console.stage("extract") as stage:
+        stage.result = extract(spark, cfg, incremental=args.incremental)
+    return stage.result
 
 
 def cmd_embed(cfg, args) -> dict:
     from jobs.embed import embed
     from jobs.spark import get_spark
 
-    return embed(get_spark(cfg), cfg)
+    spark = get_spark(cfg)
+    with console.stage("embed") as stage:
+        stage.result = embed(spark, cfg)
+    return stage.result
 
 
 def cmd_retrieve(cfg, args) -> dict:
     from jobs.retrieve import retrieve
     from jobs.spark import get_spark
 
-    return retrieve(get_spark(cfg), cfg, incremental=args.incremental)
+    spark = get_spark(cfg)
+    with console.stage("retrieve") as stage:
+        stage.result = retrieve(spark, cfg, incremental=args.incremental)
+    return stage.result
 
 
 def cmd_generate(cfg, args) -> dict:
     from jobs.generate import generate_augmented
     from jobs.spark import get_spark
 
-    return generate_augmented(get_spark(cfg), cfg, incremental=args.incremental)
+    spark = get_spark(cfg)
+    with console.stage("generate") as stage:
+        stage.result = generate_augmented(spark, cfg, incremental=args.incremental)
+    return stage.result
 
 
 def cmd_train(cfg, args) -> dict:
     from jobs.spark import get_spark
     from jobs.train import train
 
-    return train(get_spark(cfg), cfg)
+    spark = get_spark(cfg)
+    with console.stage("train") as stage:
+        stage.result = train(spark, cfg)
+    return stage.result
 
 
 def cmd_evaluate(cfg, args) -> dict:
     from jobs.evaluate import evaluate
     from jobs.spark import get_spark
 
-    return evaluate(get_spark(cfg), cfg)
+    spark = get_spark(cfg)
+    with console.stage("evaluate") as stage:
+        stage.result = evaluate(spark, cfg)
+    return stage.result
 
 
 def cmd_experiment(cfg, args) -> dict:
@@ -115,16 +143,52 @@ def cmd_experiment(cfg, args) -> dict:
                                           "cls", "cls_independent", "ppl", "train_pairs")} for r in result["rows"]]}
 
 
+def _json_value(value):
+    import datetime as dt
+
+    if isinstance(value, dt.datetime) and value.tzinfo is not None:  # as Spark hands it over: UTC, naive
+        return value.astimezone(dt.timezone.utc).replace(tzinfo=None)
+    return value
+
+
 def cmd_sql(cfg, args) -> None:
+    from jobs import sql_fast
+    from jobs.errors import UserError
+
+    if not args.write:  # a query: DuckDB answers it where it can (no Spark, no JVM), else Spark as below
+        engine, note = sql_fast.route(cfg, args.query, args.engine)
+        if engine == "duckdb":
+            try:
+                result = sql_fast.query(cfg, args.query, limit=args.limit)
+            except sql_fast.NotFast as exc:
+                if args.engine == "duckdb":
+                    raise UserError(f"--engine duckdb cannot run this statement: {exc}",
+                                    "leave --engine at auto (Spark runs it)") from None
+                note = str(exc)
+            else:
+                if args.json:
+                    for row in result.rows[:args.limit]:
+                        print(json.dumps(dict(zip(result.columns, map(_json_value, row))), default=str),
+                              file=console.out())
+                else:
+                    print(sql_fast.show(result, args.limit, args.truncate), end="", file=console.out())
+                return
+    else:
+        note = None
+    if not args.debug:
+        _quiet_query_logs()
     from jobs.spark import get_spark
     from jobs.sql_access import sql
 
     df = sql(get_spark(cfg), cfg, args.query, write=args.write)  # a write without --write is refused before it runs
     if args.json:
         for row in df.limit(args.limit).collect():
-            print(json.dumps(row.asDict(recursive=True), default=str))
+            print(json.dumps(row.asDict(recursive=True), default=str), file=console.out())
     else:
-        df.show(args.limit, truncate=args.truncate)
+        # as df.show() prints it, on the terminal's stdout (library output goes to the log file)
+        print(df._show_string(args.limit, args.truncate), end="", file=console.out())
+    if note:  # after the answer: a statement Spark refuses or fails on gets its own message only
+        print(f"erg sql: answered by Spark ({note})", file=console.err())
 
 
 def cmd_run(cfg, args) -> dict:
@@ -140,9 +204,9 @@ def cmd_history(cfg, args) -> None:
     rows = history(cfg, args.last)
     if args.json:
         for row in rows:
-            print(json.dumps(row, default=str))
+            print(json.dumps(row, default=str), file=console.out())
     else:
-        print(render_history(rows))
+        print(render_history(rows), file=console.out())
 
 
 def cmd_restore(cfg, args) -> dict:
@@ -153,18 +217,20 @@ def cmd_restore(cfg, args) -> dict:
     for table, change in result["tables"].items():
         print(f"{table}: {change['action']}" + (f" (version {change['from']} -> {change['to']}, the content of "
                                                 f"version {change['as_of']})" if change["action"] == "restored" else ""),
-              file=sys.stderr)
+              file=console.err())
     return result
 
 
 def cmd_compare(cfg, args) -> None:
+    from rich.console import Console
+
     from jobs.compare import compare, render
 
     try:
         comparison = compare(cfg, args.run_ids or None, args.job, args.last)
     except ValueError as exc:
         raise SystemExit(f"erg compare: {exc}") from None
-    render(comparison)
+    render(comparison, Console(file=console.out()))
 
 
 COMMANDS = {
@@ -203,11 +269,17 @@ def build_parser() -> argparse.ArgumentParser:
                        help="override a conf key, e.g. --set extract.eps=0.3 (repeatable)")
         p.add_argument("--debug", action="store_true", default=os.environ.get("ERG_DEBUG", "") not in ("", "0"),
                        help="show the traceback of a user error (bad conf or input, missing table or step)")
+        p.add_argument("--verbose", action="store_true",
+                       help="show MLflow's and Spark's own output (INFO/WARN lines, banners) instead of sending it to "
+                            "the log file under the home")
         if name == "sql":
             p.add_argument("query")
             p.add_argument("--limit", type=int, default=50)
             p.add_argument("--truncate", type=int, default=60)
             p.add_argument("--json", action="store_true", help="print rows as JSON lines")
+            p.add_argument("--engine", choices=("auto", "duckdb", "spark"), default="auto",
+                           help="auto (default): a plain SELECT over a local home is answered by DuckDB without "
+                                "Spark, anything else by Spark; spark: always Spark; duckdb: DuckDB or fail")
             p.add_argument("--write", action="store_true",
                            help="allow a statement that writes or changes state (INSERT, DELETE, DROP, SET, ...); "
                                 "logged to MLflow with the tables' Delta versions before and after")
@@ -217,9 +289,11 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--last", type=int, default=2, help="how many of the job's last runs to compare")
         if name == "history":
             p.add_argument("--last", type=int, default=30, help="how many runs (stage runs included)")
-            p.add_argument("--json", action="store_true", help="print runs as JSON lines")
         if name == "restore":
             p.add_argument("--run", required=True, metavar="RUN_ID", help="the run to go back to (see erg history)")
+        if name not in ("sql", "compare"):
+            p.add_argument("--json", action="store_true",
+                           help="print the result as JSON (every value) instead of the summary table, for scripts")
         if name in ("run", "extract", "retrieve", "generate"):
             p.add_argument("--incremental", action="store_true", help="process only new stylized/factual rows")
     return parser
@@ -258,10 +332,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_config(args.conf, args.overrides)
         handler, _ = COMMANDS[args.command]
-        if not args.debug:
-            _quiet_query_logs()
-        with _schema_lock(cfg, args, argv):
-            result = handler(cfg, args)
+        # on a cluster the driver's log keeps everything: no log file of our own there
+        verbose = args.verbose or cfg.platform != "local"
+        with console.Output(cfg.home, args.command, verbose=verbose):
+            if not args.debug and args.command != "sql":  # erg sql does it only where it starts Spark
+                _quiet_query_logs()
+            with _schema_lock(cfg, args, argv):
+                result = handler(cfg, args)
+            if result is not None:
+                _print(args.command, result, getattr(args, "json", False))
     except Exception as exc:
         error = as_user_error(exc, sql=args.command == "sql")
         if error is None or args.debug:
@@ -272,8 +351,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {line}", file=sys.stderr)
         # raised, not returned: Databricks calls the entry point directly and must see the task fail
         raise SystemExit(2) from None
-    if result is not None:
-        _print(result)
     print(f"erg {args.command}: done in {time.time() - started:.1f}s", file=sys.stderr)
     return 0
 

@@ -8,6 +8,7 @@ from typing import Any, Callable
 from pyspark.sql import SparkSession
 
 from jobs.config import ErgConfig
+from jobs.console import stage as progress
 from jobs.embed import embed
 from jobs.extract import extract
 from jobs.generate import generate_augmented
@@ -30,28 +31,23 @@ STAGE_JOBS: dict[str, Callable[[SparkSession, ErgConfig, bool], dict]] = {
 }
 
 
-def run_stage(spark: SparkSession, cfg: ErgConfig, number: int, stage: str, incremental: bool, console) -> dict:
-    """One stage's job (a child run of the active parent); its seconds as ``stage_seconds.<stage>`` at step
-    ``number``."""
-    console.rule(f"[bold]{number}/{len(STAGES)} {stage}")
+def run_stage(spark: SparkSession, cfg: ErgConfig, number: int, stage: str, incremental: bool) -> dict:
+    """One stage's job (a child run of the active parent) under one progress line ("n/N stage", then its time);
+    its seconds as ``stage_seconds.<stage>`` at step ``number``."""
     started = time.time()
-    result = STAGE_JOBS[stage](spark, cfg, incremental)
-    seconds = time.time() - started
-    log_counts({f"stage_seconds.{stage}": seconds}, step=number)
-    console.print(f"{stage}: {seconds:.1f}s")
+    with progress(stage, number, len(STAGES)) as line:
+        line.result = result = STAGE_JOBS[stage](spark, cfg, incremental)
+    log_counts({f"stage_seconds.{stage}": time.time() - started}, step=number)
     return result
 
 
 def run_pipeline(spark: SparkSession, cfg: ErgConfig, *, incremental: bool = False) -> dict[str, Any]:
-    from rich.console import Console
-
-    console = Console(stderr=True)
     results: dict[str, Any] = {}
     # nested under an active run (e.g. ``erg experiment``'s, which reruns ERG at each Fig. 5 eps)
     with parent_run(cfg, "erg run", tags={"erg.job": "run", "erg.conf": cfg.name, SCHEMA_TAG: schema_key(cfg),
                                           "erg.incremental": str(incremental).lower()}) as parent, \
             recording(cfg, parent.info.run_id):  # the state after the whole run: what `erg restore` brings back
         for number, stage in enumerate(STAGES, start=1):
-            results[stage] = run_stage(spark, cfg, number, stage, incremental, console)
+            results[stage] = run_stage(spark, cfg, number, stage, incremental)
         results["parent_run_id"] = parent.info.run_id
     return results

@@ -36,11 +36,17 @@ def get_spark(cfg: ErgConfig, *, register: bool = True):
     active = SparkSession.getActiveSession()
     if active is not None:
         return _prepared(active, cfg, register)
+    from jobs.console import jvm_output, quiet
+
     builder = SparkSession.builder.master(cfg.spark.master)
-    for key, value in session_settings(cfg).items():
+    settings = session_settings(cfg)
+    if quiet():  # under the CLI: the JVM's output goes to the command's log file; its own progress lines show
+        settings["spark.ui.showConsoleProgress"] = "false"
+    for key, value in settings.items():
         builder = builder.config(key, value)
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
+    with jvm_output():
+        spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN" if quiet() else "ERROR")
     return _prepared(spark, cfg, register)
 
 

@@ -10,15 +10,22 @@ version of every table before and after (:func:`run_write`).
 
 On a classic session the plan comes from the session's parser (py4j); on Spark Connect, which has none, from the
 parsed plan of ``EXPLAIN EXTENDED`` (which parses and analyses, never runs).
+
+Locally, a query that DuckDB reads as a plain SELECT does not need Spark at all: :mod:`jobs.sql_fast` answers it
+(and refuses writes by DuckDB's parser); :func:`run_query` runs a query on either path.
 """
 from __future__ import annotations
 
 import re
-
-from pyspark.sql import SparkSession
+from typing import TYPE_CHECKING
 
 from jobs.config import ErgConfig
 from jobs.errors import UserError
+from jobs.sql_fast import refusal
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from pyspark.sql import SparkSession
 
 READ_ONLY_NODES = frozenset({
     # queries
@@ -36,7 +43,6 @@ READ_ONLY_NODES = frozenset({
     "DescribeRelation", "DescribeColumn", "DescribeNamespace", "DescribeFunction", "DescribeQuery",
     "DescribeDeltaHistory", "DescribeDeltaDetail", "ExplainCommand",
 })
-READ_ONLY_WORDS = "queries (SELECT, WITH ... SELECT, VALUES, SHOW, DESCRIBE, EXPLAIN)"
 
 
 def _plan_nodes_classic(spark: SparkSession, query: str) -> list[str]:
@@ -80,9 +86,7 @@ def check_read_only(spark: SparkSession, query: str) -> None:
     """A :class:`UserError` (exit 2, one line and the fix) when ``query`` would write or change state."""
     node = writing_node(spark, query)
     if node is not None:
-        raise UserError(f"refused: the statement is a {node}, and erg sql runs only {READ_ONLY_WORDS} by default",
-                        "add --write to run it (it is logged to MLflow with every table's Delta version before "
-                        "and after)")
+        raise refusal(node)
 
 
 def table_versions(spark: SparkSession, cfg: ErgConfig) -> dict[str, int]:
@@ -121,3 +125,34 @@ def sql(spark: SparkSession, cfg: ErgConfig, query: str, *, write: bool = False)
         return run_write(spark, cfg, query)
     check_read_only(spark, query)
     return spark.sql(query)
+
+
+def run_query(cfg: ErgConfig, query: str, engine: str = "auto") -> "pd.DataFrame":
+    """A read-only query's whole answer as pandas, on DuckDB where :func:`jobs.sql_fast.route` allows it (no Spark
+    session is started then), else on Spark; ``attrs["engine"]`` says which answered and ``attrs["note"]`` why
+    Spark did. A statement that writes raises the refusal (:class:`UserError`) on both paths."""
+    from jobs import sql_fast
+
+    chosen, note = sql_fast.route(cfg, query, engine)
+    if chosen == "duckdb":
+        try:
+            arrow = sql_fast.query_arrow(cfg, query)
+        except sql_fast.NotFast as exc:
+            if engine == "duckdb":
+                raise UserError(f"--engine duckdb cannot run this statement: {exc}",
+                                "leave --engine at auto (Spark runs it)") from None
+            note = str(exc)
+        else:
+            frame = arrow.to_pandas()
+            for column in frame.columns:  # Spark hands timestamps over in its session time zone (UTC), naive
+                if getattr(frame[column].dtype, "tz", None) is not None:
+                    frame[column] = frame[column].dt.tz_convert("UTC").dt.tz_localize(None)
+            frame.attrs.update(engine="duckdb", note=None)
+            return frame
+    from jobs.spark import get_spark
+
+    spark = get_spark(cfg)
+    check_read_only(spark, query)
+    frame = spark.sql(query).toPandas()
+    frame.attrs.update(engine="spark", note=note)
+    return frame

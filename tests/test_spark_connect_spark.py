@@ -61,7 +61,7 @@ def connect_run(erg_home, tmp_path_factory):
     server = start_server(cfg, port, logs / "server.log")
     try:
         sets = [item for value in overrides for item in ("--set", value)]
-        run = _erg(["run", "--conf", "test", *sets], logs / "run.log")
+        run = _erg(["run", "--conf", "test", "--json", *sets], logs / "run.log")
     finally:
         stop_server(server)
     cfg = load_config("test", overrides[:2])

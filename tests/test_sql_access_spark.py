@@ -1,5 +1,6 @@
-"""``erg sql`` is read-only unless asked (--write): every statement kind that writes is refused by Spark's own
-parser, with exit status 2 and no traceback, and leaves the tables as they were; --write runs it and logs it."""
+"""``erg sql`` is read-only unless asked (--write): every statement kind that writes is refused, by Spark's own
+parser (``--engine spark``) and by the fast path's check (the default, ``jobs.sql_fast``), with exit status 2 and no
+traceback, and leaves the tables as they were; --write runs it and logs it."""
 from __future__ import annotations
 
 import datetime as dt
@@ -58,13 +59,14 @@ def _state(spark):
         "spark.sql.shuffle.partitions")
 
 
-def test_every_write_is_refused_and_the_tables_are_unchanged(spark, table, capsys):
+@pytest.mark.parametrize("engine", ["spark", "auto"])
+def test_every_write_is_refused_and_the_tables_are_unchanged(spark, table, capsys, engine):
     before = _state(spark)
     refused = 0
     for kind, statement in WRITES.items():
         capsys.readouterr()
         with pytest.raises(SystemExit) as info:
-            main(["sql", "--conf", "test", "--set", f"tables.schema={SCHEMA}", statement])
+            main(["sql", "--conf", "test", "--set", f"tables.schema={SCHEMA}", "--engine", engine, statement])
         err = capsys.readouterr().err
         assert info.value.code == 2 and "Traceback" not in err, (kind, err)
         lines = [line for line in err.splitlines() if line.startswith(("erg sql:", "  fix:"))]
@@ -81,7 +83,8 @@ def test_queries_run_and_the_parser_names_what_writes(spark, table):
     assert writing_node(spark, WRITES["DELETE"]) == "DeleteFromTable"
     assert writing_node(spark, WRITES["INSERT under WITH"]) == "InsertIntoStatement"
     assert writing_node(spark, WRITES["RESTORE"]) == "RestoreTableStatement"
-    assert main(["sql", "--conf", "test", "--set", f"tables.schema={SCHEMA}", READS[0]]) == 0
+    for engine in ("spark", "auto"):
+        assert main(["sql", "--conf", "test", "--set", f"tables.schema={SCHEMA}", "--engine", engine, READS[0]]) == 0
 
 
 def test_write_runs_with_the_flag_and_is_logged_with_versions(spark, table, capsys):
