@@ -488,8 +488,8 @@ def retrieval_real(args, real: dict[str, Any]) -> dict:
     started = time.perf_counter()
     chosen, tuning = tune_scene_index(scenes, ids, queries[tune_rows], target_recall=conf.target_recall,
                                       exact_max_items=exact_max_items, min_speedup=min_speedup, nlist=conf.nlist,
-                                      hnsw_m=conf.hnsw_m, ef_construction=conf.ef_construction, use_gpu=False,
-                                      gpu_fallback="cpu")
+                                      hnsw_m=conf.hnsw_m, ef_construction=conf.ef_construction,
+                                      gpu_search=False)
     tune_s = time.perf_counter() - started
     rows, chosen_search = timed_search(chosen.faiss_index, queries, k)
     chosen_recall = float(recall_per_query(truth, rows[held]).mean())

@@ -114,7 +114,7 @@ def build_index(scene_ids: list[str], vectors: pd.Series, conf: IndexConf,
         return tune_scene_index(
             array, scene_ids, sample, target_recall=conf.target_recall, exact_max_items=conf.exact_max_items,
             min_speedup=conf.min_speedup, nlist=conf.nlist, hnsw_m=conf.hnsw_m, ef_construction=conf.ef_construction,
-            use_gpu=conf.use_gpu, gpu_fallback=conf.gpu_fallback)
+            gpu_search=conf.use_gpu)
     return build_scene_index(
         array, scene_ids, conf.type,
         nlist=conf.nlist, nprobe=conf.nprobe, hnsw_m=conf.hnsw_m, ef_search=conf.ef_search,

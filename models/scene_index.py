@@ -502,20 +502,22 @@ def tune_scene_index(
     nlist: int,
     hnsw_m: int,
     ef_construction: int,
-    use_gpu: bool,
-    gpu_fallback: str,
+    gpu_search: bool,
     k: int = TUNING_K,
 ) -> tuple[SceneIndex, IndexTuning]:
     """The scene index ``auto`` chooses for ``vectors`` from a target recall, and what it measured (see the module).
 
     ``sample_queries``: unit query vectors like those the index will serve (a sample of the real factual queries),
     or a function returning them, called only where the scene count exceeds ``exact_max_items``. Each candidate
-    (HNSW and IVF on CPU, IVF alone where ``use_gpu``) is built once with ``hnsw_m`` / ``ef_construction`` /
+    (HNSW and IVF on CPU, IVF alone where ``gpu_search``: the index will be searched on a GPU, where Faiss
+    has no HNSW) is built once with ``hnsw_m`` / ``ef_construction`` /
     ``nlist`` (capped so that every list has 39 training points) and searched with the sample at each rung of
     :data:`EF_SEARCH_LADDER` / :data:`NPROBE_LADDER` until the one-sided 95% lower bound of its recall@``k``
     against exact search reaches ``target_recall``. Of the candidates' qualifying settings the one that searches
     the sample fastest is kept where it is at least ``min_speedup`` times faster than exact search (on CPU; where
-    ``use_gpu`` the CPU timings say nothing of the GPU's, so the qualifying IVF setting is kept); else exact search.
+    ``gpu_search`` the CPU timings say nothing of the GPU's, so the qualifying IVF setting is kept); else exact
+    search. The index is returned on CPU, as :func:`build_scene_index` builds it; :meth:`SceneIndex.from_bytes`
+    moves it to a GPU where it is searched.
     With ``min_speedup`` 0 no time decides: the first setting that meets the target (HNSW before IVF) is kept.
     """
     if not 0.0 < float(target_recall) <= 1.0:
@@ -529,7 +531,7 @@ def tune_scene_index(
     count = array.shape[0]
 
     def exact(reason: str, **measured) -> tuple[SceneIndex, IndexTuning]:
-        index = build_scene_index(array, scene_ids, "flat", use_gpu=use_gpu, gpu_fallback=gpu_fallback)
+        index = build_scene_index(array, scene_ids, "flat")
         tuning = IndexTuning("flat", {}, reason, measured.pop("recall_at_k", 1.0), k, float(target_recall), count,
                              **measured)
         log = logger.warning if tuning.fallback else logger.info
@@ -551,7 +553,7 @@ def tune_scene_index(
     truth, exact_seconds = _timed_rows(flat, queries, depth, repeats=2)
     trials: list[IndexTrial] = []
     qualifying: list[tuple[float, faiss.Index, IndexTrial]] = []
-    for kind in (AUTO_CANDIDATES_GPU if use_gpu else AUTO_CANDIDATES_CPU):
+    for kind in (AUTO_CANDIDATES_GPU if gpu_search else AUTO_CANDIDATES_CPU):
         started = time.perf_counter()
         index, build, name, ladder = _candidate(kind, array, nlist, hnsw_m, ef_construction)
         built[kind] = time.perf_counter() - started
@@ -576,11 +578,10 @@ def tune_scene_index(
         return exact("target_not_met", **measured)
     seconds, index, best = min(qualifying, key=lambda entry: entry[0]) if min_speedup > 0 else qualifying[0]
     speedup = exact_seconds / max(seconds, 1e-9)
-    if not use_gpu and min_speedup > 0 and speedup < min_speedup:
+    if not gpu_search and min_speedup > 0 and speedup < min_speedup:
         return exact("exact_as_fast", speedup_vs_exact=speedup, **measured)
     tuning = IndexTuning(best.index_type, dict(best.params), "target_met", best.recall_at_k, k, float(target_recall),
-                         count, speedup_vs_exact=None if use_gpu else speedup, **measured)
+                         count, speedup_vs_exact=None if gpu_search else speedup, **measured)
     logger.info("auto scene index over %d scenes: %s %s, recall@%d %.4f on %d sample queries (target %.3f)",
                 count, best.index_type, tuning.search_param, k, best.recall_at_k, queries.shape[0], target_recall)
-    return SceneIndex(index, _scene_id_array(scene_ids, count), best.index_type, best.params, use_gpu=use_gpu,
-                      gpu_fallback=gpu_fallback), tuning
+    return SceneIndex(index, _scene_id_array(scene_ids, count), best.index_type, best.params), tuning

@@ -239,7 +239,7 @@ def test_hnsw_is_built_with_the_configured_ef_construction() -> None:
 
 
 # ------------------------------------------------------------------------------------------------ auto (tuning)
-AUTO = {"nlist": 1024, "hnsw_m": 16, "ef_construction": 40, "use_gpu": False, "gpu_fallback": "cpu"}
+AUTO = {"nlist": 1024, "hnsw_m": 16, "ef_construction": 40, "gpu_search": False}
 
 
 def exact_rows(vectors: np.ndarray, queries: np.ndarray, k: int = 10) -> np.ndarray:
@@ -291,15 +291,15 @@ def test_auto_picks_an_approximate_setting_that_meets_the_target_on_held_out_que
     assert loose.params["ef_search"] <= tuning.params["ef_search"]
 
 
-def test_auto_on_gpu_tries_ivf_alone_and_without_a_sample_falls_back_to_exact() -> None:
+def test_auto_for_a_gpu_search_tries_ivf_alone_and_without_a_sample_falls_back_to_exact() -> None:
     rng = np.random.default_rng(9)
     centres = rng.standard_normal((30, 16))
     vectors, sample = clustered(rng, centres, 2000), clustered(rng, centres, 200)
     index, tuning = tune_scene_index(vectors, scene_ids(2000), sample, target_recall=0.9, exact_max_items=100,
-                                     min_speedup=2.0, **{**AUTO, "use_gpu": True})
+                                     min_speedup=2.0, **{**AUTO, "gpu_search": True})
     assert tuning.index_type == index.index_type == "ivf" and {t.index_type for t in tuning.trials} == {"ivf"}
     assert tuning.speedup_vs_exact is None  # CPU timings say nothing of a GPU search: none decided
-    assert index.on_gpu == (faiss.get_num_gpus() > 0)
+    assert not index.on_gpu  # built on the driver's CPU; SceneIndex.from_bytes(use_gpu=True) moves it
 
     index, tuning = tune_scene_index(vectors, scene_ids(2000), np.empty((0, 0), np.float32), target_recall=0.9,
                                      exact_max_items=100, min_speedup=2.0, **AUTO)
