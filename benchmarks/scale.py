@@ -24,10 +24,21 @@ each part does:
     nprobe / ef_search and at the ``--ivf-nprobes`` / ``--hnsw-ef-searches`` values (the same built index).
   - Reported per setting: recall@10 against exact, and seconds (build + search). ``approx`` is the fastest setting
     with recall@10 >= 0.95.
-- ``retrieval_real``: the same search settings on real vectors, recall only (too small to time): the ``embed``
-  part's real factual captions as queries and its stylized captions as scenes, embedded by all-MiniLM-L6-v2;
-  IVF with ``default_nlist`` lists for that many scenes, so each nprobe probes a larger share of the lists than
-  at 1M x 100K (the share is reported).
+- ``retrieval_real``: approximate search on real text vectors at ``--real-scenes`` (100K) x ``--real-queries``
+  (1M). The vectors are the MiniLM vectors of an ERG home's ``embeddings`` table (``--home``, written by
+  ``erg embed``; read with delta-rs, else Spark).
+  - Scenes: the stylized captions and the scene descriptions (the Flickr30K captions of the FlickrStyle train
+    images that ``retrieve.train_descriptions_as_queries`` embeds), topped up with jittered copies
+    (``--scene-jitter``). Queries: the factual captions of P, each copied in turn with a Gaussian jitter of
+    ``--jitter`` per component and renormalised; the mean cosine of the copies to their source is reported.
+  - Exact search (Faiss flat inner product, all threads) of every query is timed (or ``--exact-queries`` of them,
+    scaled linearly: the result says so). ``auto`` (``retrieve.index.type``, the product's own
+    ``models.scene_index.tune_scene_index`` with the conf's settings) picks an index on a sample of the queries;
+    that index then searches every query, timed, and its recall@10 against exact is measured on
+    ``--recall-queries`` held queries the tuning never saw. ``speedup_vs_exact`` is search against search;
+    ``speedup_vs_exact_with_build`` adds each index's build.
+  - ``sweep``: every rung of the HNSW ef_search and IVF nprobe ladders, recall on the held queries and time on a
+    fixed subset (``--sweep-time-queries``); ``fastest_meeting_target`` is the fastest with recall@10 >= 0.95.
 - ``sizes``: the scale corpus of the sample's generator, 10K / 100K / 1M factual captions over a fixed set of
   images and stylized captions. Ingest, embed and retrieve run as jobs on a standalone cluster (1 master + 2 workers
   x 1 core).
@@ -324,31 +335,223 @@ def part_retrieval(args) -> dict:
     return result
 
 
-def part_retrieval_real(args) -> dict:
+DESCRIPTION_ID_PREFIX = "desc-"
+"""Caption ids of the scene descriptions that ``retrieve.train_descriptions_as_queries`` embeds as factual items
+(:func:`jobs.tables.query_captions`): scenes here, not factual queries."""
+
+
+def home_vectors(home: Path, schema: str, encoder_version: str | None) -> dict[str, Any]:
+    """The text vectors of an ERG home's ``embeddings`` table (written by ``erg embed``), read with delta-rs
+    (``deltalake``) where it is installed, else with Spark: ``scenes`` (the stylized captions and the scene
+    descriptions), ``queries`` (the factual captions of P), the encoder version and how they were read."""
+    os.environ["ERG_HOME"] = str(home.resolve())
     from jobs.config import load_config
-    from models.encoders import load_encoder
-    from models.scene_index import build_scene_index, default_nlist
+    from jobs.tables import table_location
+
+    cfg = load_config("local", {"tables": {"schema": schema}})
+    location = table_location(cfg, "embeddings")
+    columns = ["item_id", "item_kind", "modality", "encoder_version", "vector"]
+    try:
+        from deltalake import DeltaTable
+
+        frame = DeltaTable(location).to_pandas(columns=columns, filters=[("modality", "=", "text")])
+        reader = f"deltalake (delta-rs) at {location}"
+    except ImportError:
+        from jobs.spark import get_spark
+        from jobs.tables import read_table
+
+        frame = read_table(get_spark(cfg), cfg, "embeddings").where("modality = 'text'").select(*columns).toPandas()
+        reader = f"Spark, table {cfg.tables.schema_name}.embeddings"
+    if frame.empty:
+        raise SystemExit(f"no text vectors in {location}: run `erg embed` on that home first")
+    versions = frame[frame.item_kind == "scene"].encoder_version.value_counts()
+    version = encoder_version or (versions.index[0] if len(versions) else frame.encoder_version.iloc[0])
+    frame = frame[frame.encoder_version == version].sort_values("item_id", kind="stable")
+    description = frame.item_id.str.startswith(DESCRIPTION_ID_PREFIX)
+
+    def stacked(rows: pd.DataFrame) -> np.ndarray:
+        return np.ascontiguousarray(np.stack(rows.vector.to_numpy()).astype(np.float32)) if len(rows) else \
+            np.empty((0, 0), np.float32)
+
+    stylized = frame[frame.item_kind == "scene"]
+    descriptions = frame[(frame.item_kind == "factual") & description]
+    factual = frame[(frame.item_kind == "factual") & ~description]
+    return {"scenes": np.concatenate([stacked(stylized), stacked(descriptions)]) if len(descriptions)
+            else stacked(stylized), "queries": stacked(factual), "encoder_version": version, "reader": reader,
+            "stylized_captions": len(stylized), "scene_descriptions": len(descriptions),
+            "factual_captions": len(factual), "encoder_versions_in_table": int(frame.encoder_version.nunique())}
+
+
+def jittered(rng: np.random.Generator, sources: np.ndarray, count: int, sigma: float, keep_sources: bool,
+             chunk: int = 100_000) -> tuple[np.ndarray, float]:
+    """``count`` unit vectors: the ``sources`` themselves first where ``keep_sources``, then copies of them in
+    turn, each with N(0, sigma^2) added per component and renormalised; and the copies' mean cosine to their
+    source."""
+    out = np.empty((count, sources.shape[1]), dtype=np.float32)
+    start = min(len(sources), count) if keep_sources else 0
+    out[:start] = sources[:start]
+    cosines = []
+    for begin in range(start, count, chunk):
+        rows = np.arange(begin, min(begin + chunk, count)) % len(sources)
+        noisy = sources[rows] + sigma * rng.standard_normal((len(rows), sources.shape[1]), dtype=np.float32)
+        noisy /= np.linalg.norm(noisy, axis=1, keepdims=True)
+        cosines.append((noisy * sources[rows]).sum(axis=1))
+        out[begin:begin + len(rows)] = noisy
+    return out, float(np.concatenate(cosines).mean()) if cosines else 1.0
+
+
+def timed_search(index, queries: np.ndarray, k: int, chunk: int = 65_536) -> tuple[np.ndarray, float]:
+    """Rows of the top-k of every query by Faiss ``index.search`` (all threads, in chunks), and the seconds."""
+    rows = np.empty((len(queries), k), dtype=np.int64)
+    started = time.perf_counter()
+    for begin in range(0, len(queries), chunk):
+        rows[begin:begin + chunk] = index.search(queries[begin:begin + chunk], k)[1]
+    return rows, time.perf_counter() - started
+
+
+def part_retrieval_real(args) -> dict:
+    """Approximate search on the real MiniLM vectors of ``--home`` (:func:`home_vectors`): :func:`retrieval_real`."""
+    return retrieval_real(args, home_vectors(args.home, args.schema, args.encoder_version))
+
+
+def retrieval_real(args, real: dict[str, Any]) -> dict:
+    """Approximate search at ``--real-scenes`` x ``--real-queries`` built from ``real`` (:func:`home_vectors`'s
+    dict): the product's ``auto`` choice (:func:`models.scene_index.tune_scene_index`) and every rung of the HNSW /
+    IVF ladders against exact flat search, all timed in this run (see the module docstring)."""
+    import faiss
+
+    from jobs.config import load_config
+    from models.scene_index import (
+        EF_SEARCH_LADDER,
+        NPROBE_LADDER,
+        TUNING_K,
+        build_scene_index,
+        recall_per_query,
+        tune_scene_index,
+    )
 
     conf = load_config("local").retrieve.index
-    queries, scenes, source = real_captions(args.real_queries)
-    encoder = load_encoder("sentence", device="cpu")
-    query_vectors, scene_vectors = encoder.encode_texts(queries, 64), encoder.encode_texts(scenes, 64)
+    k = TUNING_K
+    if len(real["queries"]) == 0 or len(real["scenes"]) == 0:
+        raise SystemExit(f"{args.home}: the embeddings table holds {len(real['scenes'])} scene and "
+                         f"{len(real['queries'])} factual text vectors; both are needed")
+    rng = np.random.default_rng(args.seed)
+    scenes, scene_cosine = jittered(rng, real["scenes"], args.real_scenes, args.scene_jitter, keep_sources=True)
+    queries, query_cosine = jittered(rng, real["queries"], args.real_queries, args.jitter, keep_sources=False)
+    n_queries = len(queries)
+    order = rng.permutation(n_queries)
+    held = np.sort(order[:min(args.recall_queries, n_queries)])
+    tune_rows = np.sort(order[len(held):len(held) + conf.tune_queries])
     ids = np.array([str(i) for i in range(len(scenes))], dtype=object)
-    exact = search_all(build_scene_index(scene_vectors, ids, "flat"), query_vectors, 10)
-    nlist = default_nlist(len(scenes))
-    ivf = build_scene_index(scene_vectors, ids, "ivf", nlist=nlist, nprobe=conf.nprobe)
-    hnsw = build_scene_index(scene_vectors, ids, "hnsw", hnsw_m=conf.hnsw_m, ef_search=conf.ef_search,
-                             ef_construction=conf.ef_construction)
-    ivf_settings = search_settings(ivf, args, max_nprobe=nlist)
-    recall = {}
-    for setting in ivf_settings + search_settings(hnsw, args):
-        name = _setting_name(setting.index_type, setting.params)
-        recall[name] = recall_at(exact, search_all(setting, query_vectors, 10))
-        print(f"real vectors, {name}: recall@10 {recall[name]:.4f}", file=sys.stderr)
-    return {"queries": len(queries), "scenes": len(scenes), "dim": encoder.dim, "k": 10, "source": source,
-            "vectors": "all-MiniLM-L6-v2 (fp32) of the captions", "nlist": nlist,
-            "probed_share": {f"nprobe{s.params['nprobe']}": s.params["nprobe"] / nlist for s in ivf_settings},
-            "recall_at_10": recall}
+    dim = scenes.shape[1]
+    print(f"retrieval_real: {len(scenes):,} scenes ({len(real['scenes']):,} real) x {n_queries:,} queries "
+          f"({len(real['queries']):,} real), jitter {args.jitter} (mean cosine {query_cosine:.4f})", file=sys.stderr)
+    result: dict[str, Any] = {
+        "home": str(args.home), "reader": real["reader"], "encoder_version": real["encoder_version"],
+        "vectors": "all-MiniLM-L6-v2 text vectors of the home's embeddings table (erg embed)",
+        "real_scenes": {"stylized_captions": real["stylized_captions"],
+                        "scene_descriptions": real["scene_descriptions"]},
+        "real_queries": real["factual_captions"], "scenes": len(scenes), "queries": n_queries, "dim": dim, "k": k,
+        "seed": args.seed,
+        "scene_top_up": f"the real scene vectors, then jittered copies of them in turn up to {len(scenes):,}",
+        "scene_jitter_sigma": args.scene_jitter, "scene_copies_mean_cosine_to_source": scene_cosine,
+        "query_build": f"each real factual vector copied in turn with a Gaussian jitter, renormalised, up to "
+                       f"{n_queries:,}", "jitter_sigma": args.jitter, "mean_cosine_to_source": query_cosine,
+        "recall_queries": len(held), "tune_queries": len(tune_rows),
+        "timed": "faiss index.search of the queries, top 10, in chunks of 65,536, on all threads "
+                 f"({faiss.omp_get_max_threads()}); the hit frames of SceneIndex.search are not included",
+        "threads": faiss.omp_get_max_threads(),
+    }
+    # exact flat search: every query, or a fixed subset scaled linearly
+    started = time.perf_counter()
+    flat = faiss.IndexFlatIP(dim)
+    flat.add(scenes)
+    exact_build = time.perf_counter() - started
+    exact_rows_n = n_queries if args.exact_queries is None else min(args.exact_queries, n_queries)
+    rows, exact_search = timed_search(flat, queries if exact_rows_n == n_queries
+                                      else queries[np.sort(order[:exact_rows_n])], k)
+    if exact_rows_n == n_queries:
+        truth = rows[held]
+    else:
+        truth = timed_search(flat, queries[held], k)[0]
+        exact_search *= n_queries / exact_rows_n
+    del rows
+    result["exact"] = {"build_s": exact_build, "search_s": exact_search, "timed_queries": exact_rows_n,
+                       "scaled_linearly": exact_rows_n != n_queries,
+                       "ms_per_query": 1000 * exact_search / n_queries}
+    print(f"exact: {exact_search:.1f} s for {n_queries:,} queries"
+          + (f" (timed on {exact_rows_n:,}, scaled)" if exact_rows_n != n_queries else ""), file=sys.stderr)
+
+    # the product's choice: retrieve.index.type auto, tuned on a query sample apart from the held ones
+    exact_max_items = conf.exact_max_items if args.exact_max_items is None else args.exact_max_items
+    min_speedup = conf.min_speedup if args.min_speedup is None else args.min_speedup
+    started = time.perf_counter()
+    chosen, tuning = tune_scene_index(scenes, ids, queries[tune_rows], target_recall=conf.target_recall,
+                                      exact_max_items=exact_max_items, min_speedup=min_speedup, nlist=conf.nlist,
+                                      hnsw_m=conf.hnsw_m, ef_construction=conf.ef_construction,
+                                      gpu_search=False)
+    tune_s = time.perf_counter() - started
+    rows, chosen_search = timed_search(chosen.faiss_index, queries, k)
+    chosen_recall = float(recall_per_query(truth, rows[held]).mean())
+    del rows
+    result["auto"] = {
+        "index_type": tuning.index_type, "params": tuning.params, "search_param": tuning.search_param,
+        "reason": tuning.reason, "fallback": tuning.fallback, "target_recall": tuning.target_recall,
+        "exact_max_items": exact_max_items, "min_speedup": min_speedup,
+        "sample_recall_at_10": tuning.recall_at_k, "sample_speedup_vs_exact": tuning.speedup_vs_exact,
+        "tune_s": tune_s, "build_s": tuning.build_seconds.get(tuning.index_type, exact_build),
+        "candidate_build_s": tuning.build_seconds,
+        "trials": [{"index_type": t.index_type, "params": t.params, "recall_at_10": t.recall_at_k,
+                    "recall_lower_bound": t.recall_lower_bound, "sample_search_s": t.search_seconds}
+                   for t in tuning.trials],
+        "search_s": chosen_search, "recall_at_10": chosen_recall,
+        "speedup_vs_exact": exact_search / chosen_search,
+        "speedup_vs_exact_with_build": (exact_build + exact_search) / (
+            tuning.build_seconds.get(tuning.index_type, exact_build) + chosen_search),
+        "speedup_vs_exact_with_tuning": (exact_build + exact_search) / (tune_s + chosen_search),
+    }
+    print(f"auto: {tuning.index_type} {tuning.search_param} ({tuning.reason}): recall@10 {chosen_recall:.4f} on "
+          f"{len(held):,} held queries, {result['auto']['speedup_vs_exact']:.1f}x exact search", file=sys.stderr)
+
+    # every rung of both ladders: recall on the held queries, search time on a fixed subset scaled to all queries
+    sweep_rows = np.sort(order[:min(args.sweep_time_queries, n_queries)])
+    flat_sub = timed_search(flat, queries[sweep_rows], k)[1] * n_queries / len(sweep_rows)
+    del flat
+    sweep: dict[str, Any] = {}
+    for kind in ("hnsw", "ivf"):
+        if kind == tuning.index_type:
+            built, index = result["auto"]["build_s"], chosen
+        else:
+            started = time.perf_counter()
+            index = build_scene_index(scenes, ids, kind, nlist=max(1, min(conf.nlist, len(scenes) // 39)),
+                                      nprobe=1, hnsw_m=conf.hnsw_m, ef_search=EF_SEARCH_LADDER[0],
+                                      ef_construction=conf.ef_construction)
+            built = time.perf_counter() - started
+        ladder = (EF_SEARCH_LADDER if kind == "hnsw"
+                  else [p for p in NPROBE_LADDER if p <= index.params["nlist"]])
+        for value in ladder:
+            setting = index.with_search_params(**{"ef_search" if kind == "hnsw" else "nprobe": value})
+            recall = float(recall_per_query(truth, timed_search(setting.faiss_index, queries[held], k)[0]).mean())
+            projected = timed_search(setting.faiss_index, queries[sweep_rows], k)[1] * n_queries / len(sweep_rows)
+            name = _setting_name(kind, setting.params)
+            sweep[name] = {"kind": kind, "params": setting.params, "recall_at_10": recall, "build_s": built,
+                           "projected_search_s": projected, "speedup_vs_exact": flat_sub / projected}
+            print(f"  {name}: recall@10 {recall:.4f}, {flat_sub / projected:.1f}x exact", file=sys.stderr)
+            del setting
+            if recall >= args.sweep_stop_recall:
+                break
+        del index
+    qualified = {n: e for n, e in sweep.items() if e["recall_at_10"] >= conf.target_recall}
+    fastest = max(qualified, key=lambda n: qualified[n]["speedup_vs_exact"]) if qualified else None
+    result["sweep"] = {"settings": sweep, "time_queries": len(sweep_rows),
+                       "timed": "recall on the held queries; search seconds on a fixed subset of the queries, "
+                                "scaled to all of them, against exact search of the same subset",
+                       "fastest_meeting_target": fastest}
+    result.update({"chosen": _setting_name(tuning.index_type, tuning.params),
+                   "recall_at_10": chosen_recall, "speedup_vs_exact": result["auto"]["speedup_vs_exact"],
+                   "speedup_vs_exact_with_build": result["auto"]["speedup_vs_exact_with_build"],
+                   "exact_s": exact_search, "chosen_search_s": chosen_search})
+    return result
 
 
 def _setting_name(kind: str, params: dict[str, int]) -> str:
@@ -642,7 +845,29 @@ def main() -> None:
                         help="IVF nprobe values searched besides conf's (one trained index)")
     parser.add_argument("--hnsw-ef-searches", type=parse_sizes, default=[32],
                         help="HNSW ef_search values searched besides conf's (one built graph)")
-    parser.add_argument("--real-queries", type=int, default=25000, help="real factual captions, retrieval_real")
+    parser.add_argument("--real-queries", type=int, default=1_000_000,
+                        help="retrieval_real: queries, jittered copies of the home's real factual vectors")
+    parser.add_argument("--real-scenes", type=int, default=100_000,
+                        help="retrieval_real: scenes, the home's real scene vectors topped up with jittered copies")
+    parser.add_argument("--jitter", type=float, default=0.01, help="retrieval_real: per-component sigma of the "
+                        "queries' Gaussian jitter (0.01: mean cosine about 0.98 to the source at 384 dimensions)")
+    parser.add_argument("--scene-jitter", type=float, default=0.01, help="retrieval_real: same, for the scene top-up")
+    parser.add_argument("--recall-queries", type=int, default=10_000,
+                        help="retrieval_real: held queries whose recall@10 against exact search is measured")
+    parser.add_argument("--exact-queries", type=int, default=None, help="retrieval_real: time exact search on this "
+                        "many queries and scale linearly (default: all of them)")
+    parser.add_argument("--sweep-time-queries", type=int, default=100_000,
+                        help="retrieval_real: queries each ladder rung is timed on (scaled to all)")
+    parser.add_argument("--sweep-stop-recall", type=float, default=0.995,
+                        help="retrieval_real: stop a ladder once a rung reaches this recall")
+    parser.add_argument("--exact-max-items", type=int, default=None,
+                        help="retrieval_real: auto's exact_max_items (default: the conf's)")
+    parser.add_argument("--min-speedup", type=float, default=None,
+                        help="retrieval_real: auto's min_speedup (default: the conf's)")
+    parser.add_argument("--schema", default="erg", help="retrieval_real: the home's table schema")
+    parser.add_argument("--encoder-version", default=None,
+                        help="retrieval_real: the vectors' encoder version (default: the one most scenes have)")
+    parser.add_argument("--seed", type=int, default=0, help="retrieval_real: jitter, held and tuning queries")
     parser.add_argument("--warmup-size", type=int, default=10000,
                         help="factual captions of the sizes part's warm-up (not measured), at most the first size")
     parser.add_argument("--incremental-size", type=int, default=100000)
@@ -652,7 +877,9 @@ def main() -> None:
     parser.add_argument("--executor-memory", default="3g")
     parser.add_argument("--event-log", type=Path, default=None,
                         help="a folder for Spark's event log of the cluster parts (to read where a step's time goes)")
-    parser.add_argument("--home", type=Path, default=REPO / ".erg" / "benchmarks" / "scale")
+    parser.add_argument("--home", type=Path, default=REPO / ".erg" / "benchmarks" / "scale",
+                        help="the ERG home: the cluster parts' own; retrieval_real reads the vectors of this one's "
+                        "embeddings table (e.g. a real-data home after `erg embed --conf conf/shared_data.yaml`)")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "scale.json")
     args = parser.parse_args()
     parts = args.parts = [p.strip() for p in args.parts.split(",") if p.strip()]

@@ -241,9 +241,22 @@ class EncoderConf(_Section):
 
 
 class IndexConf(_Section):
-    type: Literal["auto", "flat", "ivf", "hnsw"] = "auto"
-    exact_max_items: int = Field(200_000, ge=1, description="auto uses exact flat IP up to this many scenes, "
-                                 "HNSW beyond (IVF where use_gpu: Faiss has no GPU HNSW)")
+    type: Literal["auto", "flat", "ivf", "hnsw"] = Field(
+        "auto", description="the scene index: flat (exact), ivf, hnsw, or auto: exact up to exact_max_items scenes; "
+        "beyond, the index and search setting (HNSW ef_search, IVF nprobe; IVF alone where use_gpu) whose recall@10 "
+        "against exact search on tune_queries sampled factual queries meets target_recall "
+        "(models.scene_index.tune_scene_index), exact where none does (metric index.auto_fallback)")
+    exact_max_items: int = Field(50_000, ge=1, description="auto searches exactly up to this many scenes, measuring "
+                                 "nothing (exact search of 100,000 scenes took 0.53 ms a query on 2 CPU cores, "
+                                 "benchmarks/results/scale.json retrieval: half that is small next to embedding it)")
+    target_recall: float = Field(0.95, gt=0, le=1, description="auto: the recall@10 against exact search an "
+                                 "approximate setting must reach on the query sample (its one-sided 95% lower "
+                                 "bound), e.g. 0.95")
+    tune_queries: int = Field(2000, ge=10, description="auto: factual queries sampled (by a hash of their id) to "
+                              "measure recall and search time; only drawn beyond exact_max_items scenes")
+    min_speedup: float = Field(2.0, ge=0, description="auto: keep exact search unless the approximate setting "
+                               "searches the sample at least this many times faster (0 = never time: keep the "
+                               "first setting meeting the target, HNSW before IVF)")
     nlist: int = Field(1024, ge=1)
     nprobe: int = Field(32, ge=1)
     hnsw_m: int = Field(32, ge=4)

@@ -5,7 +5,9 @@ how many were left out is logged as ``scenes.non_train_excluded``) under the enc
 written by ``erg embed``) are collected into two Faiss indexes (:mod:`models.scene_index`): a ``text`` index of the
 stylized captions and an ``image`` index of each scene's image, both under scene ids (only those the configured types
 search). The index type comes from ``retrieve.index`` (``auto``: exact flat inner product up to ``exact_max_items``
-scenes, HNSW beyond, IVF where ``use_gpu``). Both are serialized and broadcast once (on Spark Connect, which has no
+scenes; beyond, :func:`models.scene_index.tune_scene_index` measures HNSW and IVF (IVF alone where ``use_gpu``) on
+``tune_queries`` factual queries (:func:`tuning_sample`) and keeps the setting that meets ``target_recall`` against
+exact search, or exact search). Both are serialized and broadcast once (on Spark Connect, which has no
 broadcast variables, written once as a file under ``retrieve.index_dir`` instead: ``retrieve.index_transport``); the
 factual queries (each factual caption with its caption vector and its image's vector) are partitioned by image and
 searched in ``mapInPandas`` (:func:`udfs.retrieval.retrieval_partitions`) for every type of ``retrieve.types`` (i2i,
@@ -19,7 +21,12 @@ whose hits are merged into the kept top-k (:func:`merged_top_k`).
 
 Logged to MLflow: the leakage counts of :func:`jobs.leakage.leakage_counts` (all 0 on a clean pipeline; an
 incremental run counts ``leakage.retrievals_non_train_scene`` over the rows it wrote, :func:`retrievals_leakage`); the
-index type, size and build time per modality; ``index.faiss_gpu_fallback`` (1 when ``retrieve.index.use_gpu`` asked
+index type, size and build time per modality; with ``auto`` the params ``index.<modality>.kind_chosen``,
+``.search_param`` (``ef_search=48``, ``nprobe=16``, ``none``) and ``.auto_reason``
+(:data:`models.scene_index.AUTO_REASONS`), the metrics ``index.<modality>.auto_recall_at_10`` (on the sample;
+1 for exact search), ``.auto_sample_queries`` and ``.auto_speedup_vs_exact``, ``index.auto_fallback`` (the indexes
+that kept exact search because no setting met the target) and every measured setting in ``index_tuning.json``;
+``index.faiss_gpu_fallback`` (1 when ``retrieve.index.use_gpu`` asked
 for a GPU search that Faiss cannot do here, so the indexes search on CPU; with ``retrieve.index.gpu_fallback:
 error`` the job fails instead, before any search); per type the queries, queries with >= 1 hit,
 hits (also per style) and mean similarity as metrics and as ``table5_counts.json``/``.md`` (the paper's Table 5
@@ -32,6 +39,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pandas as pd
@@ -49,7 +57,14 @@ from jobs.tracking import job_run, log_counts, step_seconds
 from jobs.vocabulary import encoder_spec
 from jobs.watermarks import record_version as record_watermark
 from jobs.watermarks import table_version, watermark_version
-from models.scene_index import SceneIndex, build_scene_index, faiss_gpu_fallback_reason, retrieval_modalities
+from models.scene_index import (
+    IndexTuning,
+    SceneIndex,
+    build_scene_index,
+    faiss_gpu_fallback_reason,
+    retrieval_modalities,
+    tune_scene_index,
+)
 from udfs.embedding import encoder_identity
 from udfs.retrieval import (
     HIT_COLUMNS,
@@ -57,7 +72,6 @@ from udfs.retrieval import (
     QUERY_COLUMNS,
     RetrievalPlan,
     ScenePayload,
-    choose_index_type,
     examples_markdown,
     exclusion_margin,
     markdown_table,
@@ -88,14 +102,41 @@ def scene_vectors(stylized: DataFrame, vectors: DataFrame, modalities: list[str]
     return scenes
 
 
-def build_index(scene_ids: list[str], vectors: pd.Series, conf: IndexConf) -> SceneIndex:
-    """The scene index of one modality from collected scene ids and vectors, with the type ``conf`` asks for."""
-    index_type = choose_index_type(conf.type, len(scene_ids), conf.exact_max_items, conf.use_gpu)
+def build_index(scene_ids: list[str], vectors: pd.Series, conf: IndexConf,
+                sample: Callable[[], np.ndarray] | None = None) -> tuple[SceneIndex, IndexTuning | None]:
+    """The scene index of one modality from collected scene ids and vectors, with the type ``conf`` asks for; with
+    ``auto`` also what :func:`models.scene_index.tune_scene_index` measured, drawing the query sample from
+    ``sample`` (called only beyond ``exact_max_items`` scenes), else None."""
+    array = stack_vectors(vectors, "scene vectors")
+    if conf.type == "auto":
+        if sample is None:
+            raise ValueError("retrieve.index.type auto needs a sample of the factual queries to tune on")
+        return tune_scene_index(
+            array, scene_ids, sample, target_recall=conf.target_recall, exact_max_items=conf.exact_max_items,
+            min_speedup=conf.min_speedup, nlist=conf.nlist, hnsw_m=conf.hnsw_m, ef_construction=conf.ef_construction,
+            gpu_search=conf.use_gpu)
     return build_scene_index(
-        stack_vectors(vectors, "scene vectors"), scene_ids, index_type,
+        array, scene_ids, conf.type,
         nlist=conf.nlist, nprobe=conf.nprobe, hnsw_m=conf.hnsw_m, ef_search=conf.ef_search,
         ef_construction=conf.ef_construction,
-    )
+    ), None
+
+
+def tuning_sample(spark: SparkSession, cfg: ErgConfig, vectors: DataFrame, modality: str) -> np.ndarray:
+    """The query vectors ``auto`` tunes the ``modality`` index on: the first ``retrieve.index.tune_queries`` factual
+    queries by a hash of their id (the same ones on a rerun), each with the vector of every query modality of the
+    configured types that search that index (t2t: its caption's; i2t: its image's, once per image)."""
+    types = [t for t in cfg.retrieve.types if retrieval_modalities(t).target == modality]
+    modalities = query_modalities(types)
+    picked = (factual_queries(spark, cfg, vectors, modalities, None)
+              .orderBy(F.xxhash64("query_id"), "query_id").limit(cfg.retrieve.index.tune_queries).toPandas())
+    parts = []
+    for query_modality in modalities:
+        rows = picked.drop_duplicates("query_image_id") if query_modality == "image" else picked
+        present = rows[f"{query_modality}_vector"].dropna()
+        if len(present):
+            parts.append(stack_vectors(present, f"{query_modality} vectors of the tuning queries"))
+    return np.concatenate(parts) if parts else np.empty((0, 0), dtype=np.float32)
 
 
 def faiss_gpu_fallbacks(index_types: dict[str, str], conf: IndexConf) -> dict[str, str]:
@@ -223,18 +264,35 @@ def shipped_scene_indexes(spark: SparkSession, cfg: ErgConfig, payload: ScenePay
 
 
 def scene_indexes(scenes: pd.DataFrame, targets: list[str], conf: IndexConf, counts: dict, prefix: str = "index",
-                  ) -> dict[str, SceneIndex]:
-    """The index of each target modality over the scenes that have its vector (counted under ``prefix``)."""
+                  sample: Callable[[str], np.ndarray] | None = None,
+                  tunings: dict[str, IndexTuning] | None = None) -> dict[str, SceneIndex]:
+    """The index of each target modality over the scenes that have its vector (counted under ``prefix``).
+
+    With ``retrieve.index.type: auto``, ``sample(modality)`` gives the query vectors to tune on
+    (:func:`tuning_sample`); what was chosen is counted (``<prefix>.<modality>.auto_*``, ``<prefix>.auto_fallback``)
+    and put into ``tunings`` (modality -> :class:`models.scene_index.IndexTuning`)."""
     indexes: dict[str, SceneIndex] = {}
+    if conf.type == "auto":
+        counts[f"{prefix}.auto_fallback"] = 0
     for modality in targets:
         present = scenes[scenes[f"{modality}_vector"].notna()]
         counts[f"{prefix}.{modality}.without_vector"] = len(scenes) - len(present)
         if present.empty:
             continue
         started = time.perf_counter()
-        indexes[modality] = build_index(present["scene_id"].tolist(), present[f"{modality}_vector"], conf)
+        indexes[modality], tuning = build_index(
+            present["scene_id"].tolist(), present[f"{modality}_vector"], conf,
+            None if sample is None else (lambda m=modality: sample(m)))
         counts[f"{prefix}.{modality}.build_seconds"] = time.perf_counter() - started
         counts[f"{prefix}.{modality}.size"] = len(indexes[modality])
+        if tuning is not None:
+            counts[f"{prefix}.{modality}.auto_recall_at_10"] = tuning.recall_at_k
+            counts[f"{prefix}.{modality}.auto_sample_queries"] = tuning.sample_queries
+            if tuning.speedup_vs_exact is not None:
+                counts[f"{prefix}.{modality}.auto_speedup_vs_exact"] = tuning.speedup_vs_exact
+            counts[f"{prefix}.auto_fallback"] += int(tuning.fallback)
+            if tunings is not None:
+                tunings[modality] = tuning
     return indexes
 
 
@@ -372,10 +430,15 @@ def retrieve(spark: SparkSession, cfg: ErgConfig, query_filter: DataFrame | None
         stylized = all_scenes.where(F.col("split") == "train").select("scene_id", "image_id", "style")
         targets = target_modalities(conf.types)
         counts: dict[str, float] = {}
+        tunings: dict[str, IndexTuning] = {}
+
+        def sample(modality: str) -> np.ndarray:
+            return tuning_sample(spark, cfg, vectors, modality)
+
         with step_seconds(counts, "scene_indexes"):
             scenes = scene_vectors(stylized, vectors, targets).toPandas()
             counts.update({"scenes": len(scenes), "scenes.non_train_excluded": all_scenes.count() - len(scenes)})
-            indexes = scene_indexes(scenes, targets, conf.index, counts)
+            indexes = scene_indexes(scenes, targets, conf.index, counts, sample=sample, tunings=tunings)
         scene_image_map = dict(zip(scenes["scene_id"], scenes["image_id"]))
         for modality in targets:
             if modality not in indexes:
@@ -385,6 +448,12 @@ def retrieve(spark: SparkSession, cfg: ErgConfig, query_filter: DataFrame | None
                 )
         index_types = {m: index.index_type for m, index in indexes.items()}
         mlflow.log_params({f"index.{m}.type": t for m, t in index_types.items()})
+        for modality, tuning in tunings.items():
+            mlflow.log_params({f"index.{modality}.kind_chosen": tuning.index_type,
+                               f"index.{modality}.search_param": tuning.search_param,
+                               f"index.{modality}.auto_reason": tuning.reason})
+        if tunings:
+            mlflow.log_dict({m: t.as_dict() for m, t in tunings.items()}, "index_tuning.json")
         counts["index.faiss_gpu_fallback"] = float(bool(faiss_gpu_fallbacks(index_types, conf.index)))
         payload = ScenePayload.of(indexes, scene_image_map)
         transport = index_transport(spark, conf)
@@ -435,7 +504,7 @@ def retrieve(spark: SparkSession, cfg: ErgConfig, query_filter: DataFrame | None
                 queries.unpersist()  # a no-op where it was not persisted
         if new_scene_ids:  # query_filter: the new queries, which met the full index above
             counts.update(merge_new_scenes(spark, cfg, scenes, new_scene_ids, query_filter, vectors,
-                                           plan, identity.version, run_id, as_rows, transport))
+                                           plan, identity.version, run_id, as_rows, transport, sample))
         counts.update(table5_metrics(table))
         with step_seconds(counts, "leakage"):  # incremental: what this run wrote (the rest was checked before)
             counts.update(leakage_counts(spark, cfg) if since is None else retrievals_leakage(spark, cfg, run_id))
@@ -452,13 +521,15 @@ def retrieve(spark: SparkSession, cfg: ErgConfig, query_filter: DataFrame | None
 
 def merge_new_scenes(spark: SparkSession, cfg: ErgConfig, scenes: pd.DataFrame, new_scene_ids: list[str],
                      new_queries: DataFrame, vectors: DataFrame, plan: RetrievalPlan,
-                     encoder_version: str, run_id: str, as_rows, transport: str) -> dict[str, float]:
+                     encoder_version: str, run_id: str, as_rows, transport: str,
+                     sample: Callable[[str], np.ndarray] | None = None) -> dict[str, float]:
     """Search every old query (not in ``new_queries``, which met the full index) against an index of the new
     scenes alone (:func:`old_query_hits`) and merge the hits into the kept top-k (:func:`merged_top_k`, one
     MERGE)."""
     counts: dict[str, float] = {}
     new = scenes[scenes["scene_id"].isin(set(new_scene_ids))]
-    indexes = scene_indexes(new, target_modalities(plan.types), cfg.retrieve.index, counts, prefix="index.new_scenes")
+    indexes = scene_indexes(new, target_modalities(plan.types), cfg.retrieve.index, counts, prefix="index.new_scenes",
+                            sample=sample)
     types = tuple(t for t in plan.types if retrieval_modalities(t).target in indexes)
     if not types:
         return counts

@@ -15,6 +15,13 @@ Three index types:
 - ``hnsw``: ``IndexHNSWFlat`` with ``METRIC_INNER_PRODUCT``, ``hnsw_m`` links per node, built with
   ``ef_construction`` candidates per insertion, ``ef_search`` candidates per query.
 
+:func:`tune_scene_index` chooses among them from a target recall (the ``auto`` index type): exact ``flat`` up to
+``exact_max_items`` scenes; beyond, each candidate index is built once and searched with a sample of the real
+queries at rising ``ef_search`` / ``nprobe``, and the fastest setting whose recall@k against exact search on that
+sample meets the target (its one-sided 95% lower bound, so that it holds on other queries too) is kept, unless
+it searches the sample less than ``min_speedup`` times faster than exact search (then exact search, which is as
+fast). Where no setting meets the target, exact search is kept and :attr:`IndexTuning.fallback` says so.
+
 Rows map to scene ids through an id array stored next to the Faiss index (scene ids are strings, which
 ``IndexIDMap``'s int64 ids cannot carry).
 
@@ -33,8 +40,10 @@ import json
 import logging
 import math
 import struct
+import time
 from collections import Counter
-from typing import NamedTuple, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 import pandas as pd
@@ -239,6 +248,11 @@ class SceneIndex:
         return int(self._cpu_index.d)
 
     @property
+    def faiss_index(self) -> faiss.Index:
+        """The Faiss index searches run on (a GPU copy where :attr:`on_gpu`), for callers that want raw rows."""
+        return self._search_index
+
+    @property
     def on_gpu(self) -> bool:
         """Whether searches run on a GPU copy of the index."""
         return self._search_index is not self._cpu_index
@@ -373,3 +387,201 @@ def build_scene_index(
         index.hnsw.efConstruction = params["ef_construction"]
     index.add(array)
     return SceneIndex(index, ids, index_type, params, use_gpu=use_gpu, gpu_fallback=gpu_fallback)
+
+
+# ------------------------------------------------------------------------------------------------------ auto
+AUTO_CANDIDATES_CPU: tuple[str, ...] = ("hnsw", "ivf")
+AUTO_CANDIDATES_GPU: tuple[str, ...] = ("ivf",)
+"""The approximate indexes ``auto`` tries: on CPU HNSW and IVF; for a GPU search IVF only (Faiss has no GPU HNSW)."""
+EF_SEARCH_LADDER: tuple[int, ...] = (16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+NPROBE_LADDER: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+"""The search settings ``auto`` walks, cheapest first, until one meets the target recall."""
+TUNING_K = 10
+"""``auto`` measures recall@10 against exact search, as the issue's bar and the benchmarks do."""
+AUTO_REASONS: tuple[str, ...] = ("small", "target_met", "exact_as_fast", "target_not_met", "no_sample")
+"""Why ``auto`` chose what it chose (:attr:`IndexTuning.reason`): ``small`` = at most ``exact_max_items`` scenes
+(exact, nothing measured); ``target_met`` = an approximate setting met the target and searched the sample at least
+``min_speedup`` times faster than exact; ``exact_as_fast`` = one met it, but not that much faster (exact kept);
+``target_not_met`` = none met it (exact kept: a fallback); ``no_sample`` = no query to measure with (exact kept: a
+fallback)."""
+_Z_95 = 1.6448536269514722  # one-sided 95% normal quantile
+
+
+@dataclass(frozen=True)
+class IndexTrial:
+    """One search setting ``auto`` measured on the query sample."""
+
+    index_type: str
+    params: dict[str, int]
+    recall_at_k: float
+    recall_lower_bound: float
+    """One-sided 95% lower bound of the recall (mean minus 1.645 standard errors over the sample's queries)."""
+    search_seconds: float
+    """Seconds to search the whole sample (the best of the repeats taken)."""
+
+
+@dataclass(frozen=True)
+class IndexTuning:
+    """What ``auto`` chose for one scene set, and what it measured on the way (:func:`tune_scene_index`)."""
+
+    index_type: str
+    params: dict[str, int]
+    reason: str
+    recall_at_k: float
+    """Recall@k of the chosen setting on the sample against exact search (1.0 for exact search)."""
+    k: int
+    target_recall: float
+    scenes: int
+    sample_queries: int
+    speedup_vs_exact: float | None = None
+    """Exact search's seconds on the sample over those of the fastest setting that met the target (with
+    ``exact_as_fast``: the one not fast enough); None where nothing was compared."""
+    trials: tuple[IndexTrial, ...] = field(default_factory=tuple)
+    build_seconds: dict[str, float] = field(default_factory=dict)
+    """Seconds to build each candidate index that was tried (``flat``: the exact reference)."""
+
+    @property
+    def fallback(self) -> bool:
+        """Exact search because no approximate setting could be shown to meet the target (counted by the job)."""
+        return self.reason in ("target_not_met", "no_sample")
+
+    @property
+    def search_param(self) -> str:
+        """The chosen search parameter as ``name=value`` (``ef_search=48``, ``nprobe=16``); ``none`` for exact."""
+        name = {"hnsw": "ef_search", "ivf": "nprobe"}.get(self.index_type)
+        return f"{name}={self.params[name]}" if name else "none"
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "fallback": self.fallback, "search_param": self.search_param}
+
+
+def recall_per_query(exact: np.ndarray, approx: np.ndarray) -> np.ndarray:
+    """Per query, the share of its exact top-k rows (``-1`` = none) that the approximate top-k also holds."""
+    if exact.shape != approx.shape:
+        raise ValueError(f"exact {exact.shape} and approximate {approx.shape} neighbour arrays differ in shape")
+    valid = exact >= 0
+    hit = (exact[:, :, None] == approx[:, None, :]).any(axis=2) & valid
+    return hit.sum(axis=1) / np.maximum(valid.sum(axis=1), 1)
+
+
+def _timed_rows(index: faiss.Index, queries: np.ndarray, k: int, repeats: int) -> tuple[np.ndarray, float]:
+    best, rows = float("inf"), None
+    for _ in range(repeats):
+        started = time.perf_counter()
+        _, rows = index.search(queries, k)
+        best = min(best, time.perf_counter() - started)
+    return rows, best
+
+
+def _candidate(kind: str, array: np.ndarray, nlist: int, hnsw_m: int, ef_construction: int
+               ) -> tuple[faiss.Index, dict[str, int], str, tuple[int, ...]]:
+    """A built candidate index of ``kind``, its build parameters, its search parameter's name and ladder."""
+    count, dim = array.shape
+    if kind == "hnsw":
+        index = faiss.IndexHNSWFlat(dim, hnsw_m, faiss.METRIC_INNER_PRODUCT)
+        index.hnsw.efConstruction = ef_construction
+        index.add(array)
+        return index, {"hnsw_m": hnsw_m, "ef_construction": ef_construction}, "ef_search", EF_SEARCH_LADDER
+    if kind == "ivf":
+        lists = max(1, min(nlist, count // 39))  # at least 39 training points per list, as default_nlist
+        index = faiss.index_factory(dim, f"IVF{lists},Flat", faiss.METRIC_INNER_PRODUCT)
+        index.train(array)
+        index.add(array)
+        return index, {"nlist": lists}, "nprobe", tuple(p for p in NPROBE_LADDER if p < lists) + (lists,)
+    raise ValueError(f"auto cannot try index type {kind!r}: candidates are {sorted(set(AUTO_CANDIDATES_CPU))}")
+
+
+def tune_scene_index(
+    vectors: np.ndarray,
+    scene_ids: Sequence[str] | np.ndarray,
+    sample_queries: np.ndarray | Callable[[], np.ndarray],
+    *,
+    target_recall: float,
+    exact_max_items: int,
+    min_speedup: float,
+    nlist: int,
+    hnsw_m: int,
+    ef_construction: int,
+    gpu_search: bool,
+    k: int = TUNING_K,
+) -> tuple[SceneIndex, IndexTuning]:
+    """The scene index ``auto`` chooses for ``vectors`` from a target recall, and what it measured (see the module).
+
+    ``sample_queries``: unit query vectors like those the index will serve (a sample of the real factual queries),
+    or a function returning them, called only where the scene count exceeds ``exact_max_items``. Each candidate
+    (HNSW and IVF on CPU, IVF alone where ``gpu_search``: the index will be searched on a GPU, where Faiss
+    has no HNSW) is built once with ``hnsw_m`` / ``ef_construction`` /
+    ``nlist`` (capped so that every list has 39 training points) and searched with the sample at each rung of
+    :data:`EF_SEARCH_LADDER` / :data:`NPROBE_LADDER` until the one-sided 95% lower bound of its recall@``k``
+    against exact search reaches ``target_recall``. Of the candidates' qualifying settings the one that searches
+    the sample fastest is kept where it is at least ``min_speedup`` times faster than exact search (on CPU; where
+    ``gpu_search`` the CPU timings say nothing of the GPU's, so the qualifying IVF setting is kept); else exact
+    search. The index is returned on CPU, as :func:`build_scene_index` builds it; :meth:`SceneIndex.from_bytes`
+    moves it to a GPU where it is searched.
+    With ``min_speedup`` 0 no time decides: the first setting that meets the target (HNSW before IVF) is kept.
+    """
+    if not 0.0 < float(target_recall) <= 1.0:
+        raise ValueError(f"target_recall must lie in (0, 1], got {target_recall!r}")
+    if not float(min_speedup) >= 0.0:
+        raise ValueError(f"min_speedup must be >= 0 (exact search is kept where no setting is that much faster; "
+                         f"0 keeps the setting that meets the target without timing it), got {min_speedup!r}")
+    _positive_int(exact_max_items, "exact_max_items")
+    k = _positive_int(k, "k")
+    array = _unit_vectors(vectors, "scene vectors")
+    count = array.shape[0]
+
+    def exact(reason: str, **measured) -> tuple[SceneIndex, IndexTuning]:
+        index = build_scene_index(array, scene_ids, "flat")
+        tuning = IndexTuning("flat", {}, reason, measured.pop("recall_at_k", 1.0), k, float(target_recall), count,
+                             **measured)
+        log = logger.warning if tuning.fallback else logger.info
+        log("auto scene index over %d scenes: exact search (%s)", count, reason)
+        return index, tuning
+
+    if count <= exact_max_items:
+        return exact("small", sample_queries=0)
+    drawn = np.asarray(sample_queries() if callable(sample_queries) else sample_queries)
+    if drawn.ndim != 2 or drawn.shape[0] == 0:
+        if drawn.size == 0:
+            return exact("no_sample", sample_queries=0)
+    queries = _unit_vectors(drawn, "sample queries", dim=array.shape[1])
+    depth = min(k, count)
+    started = time.perf_counter()
+    flat = faiss.IndexFlatIP(array.shape[1])
+    flat.add(array)
+    built = {"flat": time.perf_counter() - started}
+    truth, exact_seconds = _timed_rows(flat, queries, depth, repeats=2)
+    trials: list[IndexTrial] = []
+    qualifying: list[tuple[float, faiss.Index, IndexTrial]] = []
+    for kind in (AUTO_CANDIDATES_GPU if gpu_search else AUTO_CANDIDATES_CPU):
+        started = time.perf_counter()
+        index, build, name, ladder = _candidate(kind, array, nlist, hnsw_m, ef_construction)
+        built[kind] = time.perf_counter() - started
+        for value in ladder:
+            params = {**build, name: value}
+            _apply_search_params(index, kind, params)
+            rows, seconds = _timed_rows(index, queries, depth, repeats=1)
+            per_query = recall_per_query(truth, rows)
+            mean = float(per_query.mean())
+            bound = mean - _Z_95 * float(per_query.std(ddof=1) if len(per_query) > 1 else 0.0) / math.sqrt(len(
+                per_query))
+            trial = IndexTrial(kind, params, mean, bound, seconds)
+            if bound >= target_recall:
+                _, seconds = _timed_rows(index, queries, depth, repeats=2)  # a steadier time for the comparison
+                trial = IndexTrial(kind, params, mean, bound, min(seconds, trial.search_seconds))
+                trials.append(trial)
+                qualifying.append((trial.search_seconds, index, trial))
+                break
+            trials.append(trial)
+    measured = {"sample_queries": int(queries.shape[0]), "trials": tuple(trials), "build_seconds": built}
+    if not qualifying:
+        return exact("target_not_met", **measured)
+    seconds, index, best = min(qualifying, key=lambda entry: entry[0]) if min_speedup > 0 else qualifying[0]
+    speedup = exact_seconds / max(seconds, 1e-9)
+    if not gpu_search and min_speedup > 0 and speedup < min_speedup:
+        return exact("exact_as_fast", speedup_vs_exact=speedup, **measured)
+    tuning = IndexTuning(best.index_type, dict(best.params), "target_met", best.recall_at_k, k, float(target_recall),
+                         count, speedup_vs_exact=None if gpu_search else speedup, **measured)
+    logger.info("auto scene index over %d scenes: %s %s, recall@%d %.4f on %d sample queries (target %.3f)",
+                count, best.index_type, tuning.search_param, k, best.recall_at_k, queries.shape[0], target_recall)
+    return SceneIndex(index, _scene_id_array(scene_ids, count), best.index_type, best.params), tuning

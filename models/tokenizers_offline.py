@@ -111,3 +111,27 @@ def train_word_tokenizer(corpus: Iterable[str], min_frequency: int = 1,
     tok.add_special_tokens([AddedToken(GPT2_EOS, special=True), AddedToken(WORD_UNK, special=True), _sep_token()])
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=GPT2_EOS, eos_token=GPT2_EOS, pad_token=GPT2_EOS,
                                    unk_token=WORD_UNK, sep_token=SEP_TOKEN)
+
+
+BERT_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+
+
+def train_bert_tokenizer(corpus: Iterable[str], vocab_size: int = 8000) -> PreTrainedTokenizerFast:
+    """A BERT style uncased WordPiece tokenizer trained on ``corpus`` (``[PAD]`` 0, ``[UNK]`` 1, ``[CLS]`` 2,
+    ``[SEP]`` 3, ``[MASK]`` 4; ``[CLS] text [SEP]`` on encode, token type ids as BERT's), for a BERT-family model
+    built from a config where no pretrained vocabulary can be downloaded."""
+    texts = _check_corpus(corpus, vocab_size)
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece(prefix="##")
+    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=list(BERT_SPECIALS),
+                                        show_progress=False)
+    tok.train_from_iterator(texts, trainer=trainer)
+    cls_id, sep_id = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls_id),
+                                                                                 ("[SEP]", sep_id)])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]",
+                                   sep_token="[SEP]", mask_token="[MASK]", model_input_names=[
+                                       "input_ids", "token_type_ids", "attention_mask"])

@@ -72,6 +72,10 @@ def test_overrides_parse_yaml_scalars():
 @pytest.mark.parametrize("override, key, allowed", [
     ("extract.eps=1.5", "extract.eps", "less than 1"),
     ("retrieve.index.type=kmeans", "retrieve.index.type", "'auto', 'flat', 'ivf' or 'hnsw'"),
+    ("retrieve.index.target_recall=1.5", "retrieve.index.target_recall", "less than or equal to 1"),
+    ("retrieve.index.target_recall=0", "retrieve.index.target_recall", "greater than 0"),
+    ("retrieve.index.min_speedup=-1", "retrieve.index.min_speedup", "greater than or equal to 0"),
+    ("retrieve.index.tune_queries=5", "retrieve.index.tune_queries", "greater than or equal to 10"),
     ("retrieve.types=[x2y]", "retrieve.types.0", "'i2i', 'i2t', 't2i' or 't2t'"),
     ("generate.filters.ppl_max=-3", "generate.filters.ppl_max", "greater than 0"),
     ("styles=[Humor]", "styles", "lower-case"),
@@ -86,6 +90,13 @@ def test_bad_value_names_key_and_allowed(override, key, allowed):
     with pytest.raises(ConfigError) as err:
         load_config("test", [override])
     assert f"'{key}'" in str(err.value) and allowed in str(err.value)
+
+
+def test_auto_index_defaults():
+    index = load_config("local").retrieve.index
+    assert (index.type, index.target_recall, index.exact_max_items, index.tune_queries, index.min_speedup) == (
+        "auto", 0.95, 50_000, 2000, 2.0)
+    assert load_config("test", ["retrieve.index.target_recall=0.99"]).retrieve.index.target_recall == 0.99
 
 
 def test_visual_relatedness_defaults_and_off_switch():

@@ -25,7 +25,6 @@ from tiny_models import save_tiny_clip
 from udfs.embedding import EncoderSpec, embed_batch
 from udfs.retrieval import (
     RetrievalPlan,
-    choose_index_type,
     drop_same_image_hits,
     examples_markdown,
     exclusion_margin,
@@ -125,14 +124,8 @@ def test_drop_same_image_hits_reranks_from_one() -> None:
     assert kept[["query_row", "scene_id", "rank"]].values.tolist() == [[0, "s2", 1], [1, "s1", 1]]
 
 
-def test_plan_index_choice_and_bad_input() -> None:
-    assert choose_index_type("auto", 10, exact_max_items=10) == "flat"
-    assert choose_index_type("auto", 11, exact_max_items=10) == "hnsw"
-    assert choose_index_type("auto", 11, exact_max_items=10, use_gpu=True) == "ivf"
-    assert choose_index_type("hnsw", 5, exact_max_items=10) == "hnsw"
+def test_plan_and_bad_input() -> None:
     assert exclusion_margin({"s1": "a", "s2": "a", "s3": "b"}) == 2 and exclusion_margin({}) == 0
-    with pytest.raises(ValueError, match="unknown index type 'exact'"):
-        choose_index_type("exact", 5, 10)
     with pytest.raises(ValueError, match="unknown retrieval type 'x2t'"):
         RetrievalPlan(("x2t",), 3, 0.6)
     with pytest.raises(ValueError, match="top_k must be an integer >= 1"):
@@ -322,6 +315,10 @@ def test_retrieve_logs_table5_and_examples_and_rerun_adds_no_rows(spark, pipelin
     assert all(counts[k] == 0 for k in counts if k.startswith("leakage."))
     assert counts["retrievals.inserted"] == len(retrievals)
     run = mlflow.get_run(counts["run_id"])
+    # auto on a small scene set: exact search, nothing measured, no fallback
+    assert counts["index.auto_fallback"] == 0 and counts["index.text.auto_recall_at_10"] == 1.0
+    assert (run.data.params["index.text.kind_chosen"], run.data.params["index.text.auto_reason"],
+            run.data.params["index.text.search_param"]) == ("flat", "small", "none")
     for retrieval_type, group in retrievals.groupby("retrieval_type"):
         assert run.data.metrics[f"{retrieval_type}.hits"] == len(group)
         assert run.data.metrics[f"{retrieval_type}.queries_with_hit"] == group.query_id.nunique()
@@ -345,3 +342,33 @@ def test_retrieve_logs_table5_and_examples_and_rerun_adds_no_rows(spark, pipelin
     after = spark.table(name("retrievals")).toPandas()
     assert len(after) == len(retrievals)
     assert set(after.run_id) == {counts["run_id"]}  # the rerun rewrote nothing
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_auto_tunes_the_index_on_a_hash_sample_of_the_factual_queries(spark, pipeline: dict) -> None:
+    from jobs.retrieve import scene_indexes, scene_vectors, tuning_sample
+
+    name, cfg = pipeline["name"], pipeline["cfg"]
+    vectors = spark.table(name("embeddings"))
+    factual = spark.table(name("factual_captions")).toPandas()
+    assert len(factual) <= cfg.retrieve.index.tune_queries  # the sample is every query here
+    imaged = factual[factual.image_id != pipeline["untagged"]].image_id.nunique()
+    sample = tuning_sample(spark, cfg, vectors, "text")
+    # the text index serves t2t (a caption's vector) and i2t (its image's, once per image)
+    assert sample.shape == (len(factual) + imaged, 384)
+    np.testing.assert_allclose(np.linalg.norm(sample, axis=1), 1.0, atol=1e-5)
+    np.testing.assert_array_equal(sample, tuning_sample(spark, cfg, vectors, "text"))  # the same on a rerun
+
+    stylized = spark.table(name("stylized_captions")).where("split = 'train'").select("scene_id", "image_id")
+    scenes = scene_vectors(stylized, vectors, ["text"]).toPandas()
+    conf = cfg.retrieve.index.model_copy(update={"exact_max_items": 10, "min_speedup": 0.0})
+    counts: dict = {}
+    tunings: dict = {}
+    indexes = scene_indexes(scenes, ["text"], conf, counts, sample=lambda m: tuning_sample(spark, cfg, vectors, m),
+                            tunings=tunings)
+    tuning = tunings["text"]
+    assert tuning.reason == "target_met" and indexes["text"].index_type == tuning.index_type == "hnsw"
+    assert tuning.sample_queries == len(sample) and tuning.scenes == len(scenes) == len(indexes["text"])
+    assert counts["index.text.auto_recall_at_10"] == tuning.recall_at_k >= conf.target_recall
+    assert counts["index.auto_fallback"] == 0 and counts["index.text.auto_sample_queries"] == len(sample)

@@ -7,13 +7,16 @@ import pandas as pd
 import pytest
 
 from models.scene_index import (
+    EF_SEARCH_LADDER,
     HIT_COLUMNS,
     PAPER_SIMILARITY_THRESHOLD,
     RETRIEVAL_TYPES,
     SceneIndex,
     build_scene_index,
     default_nlist,
+    recall_per_query,
     retrieval_modalities,
+    tune_scene_index,
 )
 
 
@@ -233,3 +236,83 @@ def test_hnsw_is_built_with_the_configured_ef_construction() -> None:
     assert build_scene_index(vectors, scene_ids(300), index_type="hnsw").params["ef_construction"] == 200
     with pytest.raises(ValueError, match="ef_construction"):
         build_scene_index(vectors, scene_ids(300), index_type="hnsw", ef_construction=0)
+
+
+# ------------------------------------------------------------------------------------------------ auto (tuning)
+AUTO = {"nlist": 1024, "hnsw_m": 16, "ef_construction": 40, "gpu_search": False}
+
+
+def exact_rows(vectors: np.ndarray, queries: np.ndarray, k: int = 10) -> np.ndarray:
+    return np.argsort(-(queries @ vectors.T), axis=1, kind="stable")[:, :k]
+
+
+def test_auto_keeps_exact_search_on_a_small_scene_set_without_drawing_a_sample() -> None:
+    rng = np.random.default_rng(7)
+    vectors = uniform_sphere(rng, 400, 16)
+
+    def no_sample() -> np.ndarray:
+        raise AssertionError("a scene set within exact_max_items must not draw the query sample")
+
+    index, tuning = tune_scene_index(vectors, scene_ids(400), no_sample, target_recall=0.95, exact_max_items=400,
+                                     min_speedup=2.0, **AUTO)
+    assert (index.index_type, tuning.index_type, tuning.reason, tuning.fallback) == ("flat", "flat", "small", False)
+    assert (tuning.recall_at_k, tuning.search_param, tuning.sample_queries, tuning.scenes) == (1.0, "none", 0, 400)
+    assert len(index) == 400
+
+
+def test_auto_picks_an_approximate_setting_that_meets_the_target_on_held_out_queries() -> None:
+    rng = np.random.default_rng(8)
+    centres = rng.standard_normal((50, 32))
+    vectors = clustered(rng, centres, 4000, spread=1.5)
+    sample, held = clustered(rng, centres, 400, spread=1.5), clustered(rng, centres, 400, spread=1.5)
+    index, tuning = tune_scene_index(vectors, scene_ids(4000), sample, target_recall=0.95, exact_max_items=1000,
+                                     min_speedup=0, **AUTO)
+
+    assert tuning.reason == "target_met" and not tuning.fallback
+    assert index.index_type == tuning.index_type == "hnsw"  # min_speedup 0: the first candidate meeting it
+    assert index.params == {"hnsw_m": 16, "ef_construction": 40, "ef_search": tuning.params["ef_search"]}
+    assert tuning.search_param == f"ef_search={index.params['ef_search']}"
+    assert tuning.recall_at_k >= 0.95 and tuning.sample_queries == 400
+    # the ladder was walked from its cheapest rung up to the first whose lower bound met the target
+    hnsw = [t for t in tuning.trials if t.index_type == "hnsw"]
+    assert [t.params["ef_search"] for t in hnsw] == list(EF_SEARCH_LADDER[:len(hnsw)])
+    assert hnsw[-1].recall_lower_bound >= 0.95 and all(t.recall_lower_bound < 0.95 for t in hnsw[:-1])
+    # the IVF ladder ends at nlist (every list scanned), so IVF too met the target, at its own nprobe
+    ivf = [t for t in tuning.trials if t.index_type == "ivf"]
+    assert ivf and ivf[-1].recall_lower_bound >= 0.95 and ivf[-1].params["nlist"] == 4000 // 39
+    # the recall holds on queries the tuning never saw, through the index the job ships
+    restored = SceneIndex.from_bytes(index.to_bytes())
+    hits = restored.search(held, top_k=10, min_similarity=-1.0)
+    approx = np.array([[int(s.split("-")[1]) for s in row] for row in hits_by_query(hits, 400)])
+    assert recall_per_query(exact_rows(vectors, held), approx).mean() >= 0.95
+    # a lower target is met no later on the ladder
+    _, loose = tune_scene_index(vectors, scene_ids(4000), sample, target_recall=0.5, exact_max_items=1000,
+                                min_speedup=0, **AUTO)
+    assert loose.params["ef_search"] <= tuning.params["ef_search"]
+
+
+def test_auto_for_a_gpu_search_tries_ivf_alone_and_without_a_sample_falls_back_to_exact() -> None:
+    rng = np.random.default_rng(9)
+    centres = rng.standard_normal((30, 16))
+    vectors, sample = clustered(rng, centres, 2000), clustered(rng, centres, 200)
+    index, tuning = tune_scene_index(vectors, scene_ids(2000), sample, target_recall=0.9, exact_max_items=100,
+                                     min_speedup=2.0, **{**AUTO, "gpu_search": True})
+    assert tuning.index_type == index.index_type == "ivf" and {t.index_type for t in tuning.trials} == {"ivf"}
+    assert tuning.speedup_vs_exact is None  # CPU timings say nothing of a GPU search: none decided
+    assert not index.on_gpu  # built on the driver's CPU; SceneIndex.from_bytes(use_gpu=True) moves it
+
+    index, tuning = tune_scene_index(vectors, scene_ids(2000), np.empty((0, 0), np.float32), target_recall=0.9,
+                                     exact_max_items=100, min_speedup=2.0, **AUTO)
+    assert (index.index_type, tuning.reason, tuning.fallback) == ("flat", "no_sample", True)
+    with pytest.raises(ValueError, match="dimension 8"):
+        tune_scene_index(vectors, scene_ids(2000), uniform_sphere(rng, 5, 8), target_recall=0.9,
+                         exact_max_items=100, min_speedup=2.0, **AUTO)
+    with pytest.raises(ValueError, match="target_recall"):
+        tune_scene_index(vectors, scene_ids(2000), sample, target_recall=1.5, exact_max_items=100, min_speedup=2.0,
+                         **AUTO)
+
+
+def test_recall_per_query_counts_shared_rows_and_ignores_missing() -> None:
+    exact = np.array([[1, 2, 3], [4, 5, -1]])
+    approx = np.array([[3, 9, 1], [5, 4, 7]])
+    np.testing.assert_allclose(recall_per_query(exact, approx), [2 / 3, 1.0])

@@ -22,16 +22,17 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 from urllib.parse import unquote, urlparse
 
 import numpy as np
 import pandas as pd
-from pyspark.sql import Column
-from pyspark.sql import functions as F
 
 from models.encoders import ENCODER_KINDS, ImageInput, SceneEncoder, load_encoder
 from udfs.runtime import cached_model, limit_threads, rebatch, task_device
+
+if TYPE_CHECKING:  # the batch functions run without Spark (benchmarks/gpu_models.py on a machine with no pyspark)
+    from pyspark.sql import Column
 
 ITEM_MODALITIES: dict[str, str] = {"scene": "text", "factual": "text", "image": "image"}
 """Item kind -> the modality it is embedded in."""
@@ -112,6 +113,8 @@ def encoder_identity(spec: EncoderSpec) -> EncoderIdentity:
 
 def has_image_input(kind: str) -> Column:
     """A Spark condition on an ``images`` row: true when it carries what a ``kind`` encoder needs."""
+    from pyspark.sql import functions as F
+
     if kind not in IMAGE_INPUT_COLUMN:
         raise ValueError(f"unknown encoder kind {kind!r}: allowed are {sorted(IMAGE_INPUT_COLUMN)}")
     column = F.col(IMAGE_INPUT_COLUMN[kind])

@@ -42,25 +42,6 @@ HIT_SCHEMA = (
 )
 """What :func:`retrieval_partitions` emits: one row per (factual caption, retrieved scene, type)."""
 
-INDEX_CHOICES: tuple[str, ...] = ("auto", "flat", "ivf", "hnsw")
-
-
-def choose_index_type(index_type: str, count: int, exact_max_items: int, use_gpu: bool = False) -> str:
-    """The Faiss index type for ``count`` scenes: ``auto`` is exact ``flat`` up to ``exact_max_items``, beyond that
-    ``hnsw`` on CPU and ``ivf`` where the index is searched on GPU (Faiss has no GPU HNSW).
-
-    HNSW, not IVF, on CPU: on real MiniLM vectors (COCO factual queries against FlickrStyle scenes,
-    benchmarks/results/scale.json ``retrieval_real``) HNSW at the default ef_search 128 keeps recall@10 0.988,
-    IVF at nprobe 32 of 358 lists only 0.861: factual queries fall between the lists trained on stylized scenes."""
-    if index_type not in INDEX_CHOICES:
-        raise ValueError(f"unknown index type {index_type!r}: allowed are {list(INDEX_CHOICES)}")
-    if index_type != "auto":
-        return index_type
-    if count <= exact_max_items:
-        return "flat"
-    return "ivf" if use_gpu else "hnsw"
-
-
 def target_modalities(retrieval_types: Sequence[str]) -> list[str]:
     """The stylized-side modalities the given retrieval types search (the indexes to build), in a fixed order."""
     targets = {retrieval_modalities(t).target for t in retrieval_types}
