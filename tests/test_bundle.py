@@ -307,7 +307,7 @@ def test_notebooks_are_databricks_source_files():
     setup = (ROOT / "notebooks" / "00_setup.py").read_text()
     for widget in ("catalog", "schema"):
         assert f'dbutils.widgets.text("{widget}"' in setup
-    assert "from jobs.compare import compare" in (ROOT / "notebooks" / "02_compare_runs.py").read_text()
+    assert "jobs.compare(cfg" in (ROOT / "notebooks" / "02_compare_runs.py").read_text()  # the public API
 
 
 def test_notebook_sql_names_only_erg_tables():

@@ -59,7 +59,7 @@ def test_use_gpu_without_gpu_faiss_raises_when_fallback_is_an_error():
     blob = build_scene_index(unit_vectors(40), IDS).to_bytes()
     with pytest.raises(FaissGpuUnavailableError):
         ScenePayload({"text": blob}).indexes(use_gpu=True, gpu_fallback="error")
-    assert ScenePayload({"text": blob}).indexes(use_gpu=True)["text"].gpu_fallback_reason  # default: cpu, recorded
+    assert ScenePayload({"text": blob}).indexes(use_gpu=True, gpu_fallback="cpu")["text"].gpu_fallback_reason  # recorded
     with pytest.raises(ValueError, match="gpu_fallback must be one of"):
         build_scene_index(unit_vectors(40), IDS, gpu_fallback="silent")
     with pytest.raises(ValueError, match="gpu_fallback must be one of"):

@@ -60,8 +60,9 @@ def test_the_cli_calls_the_exported_function(command, monkeypatch, tmp_path):
         raise Called(command)
 
     monkeypatch.setattr(module, name, stand_in)
-    monkeypatch.setattr(importlib.import_module("jobs.spark"), "get_spark", lambda cfg: spark)
-    argv = [command, "--conf", "test"] + (["SELECT 1"] if command == "sql" else [])
+    monkeypatch.setattr(importlib.import_module("jobs.spark"), "get_spark", lambda cfg, **kwargs: spark)
+    # the run lock needs a real session: off here, where get_spark hands out a stand-in
+    argv = [command, "--conf", "test", "--set", "lock.enabled=false"] + (["SELECT 1", "--engine", "spark"] if command == "sql" else [])  # the Spark path
     with pytest.raises(Called):
         cli.main(argv)
     (args, kwargs), = calls

@@ -54,7 +54,7 @@ MIRRORS: dict[str, dict[str, str]] = {
                                                                    "top_labels": "visual_relatedness.top_labels"},
     "udfs.captioning:make_captioner_evaluator": {"no_repeat_ngram_size": "evaluate.no_repeat_ngram_size"},
     "udfs.visual_rerank:make_beam_reranker": {"no_repeat_ngram_size": "evaluate.no_repeat_ngram_size"},
-    "udfs.retrieval:indexes": {"use_gpu": "retrieve.index.use_gpu", "gpu_fallback": "retrieve.index.gpu_fallback"},
+    "udfs.retrieval:ScenePayload.indexes": {"use_gpu": "retrieve.index.use_gpu", "gpu_fallback": "retrieve.index.gpu_fallback"},
 }
 
 

@@ -125,7 +125,7 @@ class ScenePayload:
             raise ValueError(f"index modalities {unknown} are not among {list(MODALITIES)}")
         return cls({modality: index.to_bytes() for modality, index in indexes.items()}, dict(scene_images))
 
-    def indexes(self, use_gpu: bool = False, gpu_fallback: str = "cpu") -> dict[str, SceneIndex]:
+    def indexes(self, *, use_gpu: bool, gpu_fallback: str) -> dict[str, SceneIndex]:
         """The indexes rebuilt from their blobs (on every GPU Faiss sees when ``use_gpu``; where it sees none,
         ``gpu_fallback`` as in :class:`models.scene_index.SceneIndex`)."""
         return {modality: SceneIndex.from_bytes(blob, use_gpu=use_gpu, gpu_fallback=gpu_fallback)
