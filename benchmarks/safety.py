@@ -10,6 +10,9 @@ some with ``--parts``):
   (``--engine auto``: the fast path, which refuses by DuckDB's parser; ``--engine spark``: Spark's parser). A
   statement counts as refused when the process exits 2 with an ``erg sql: refused`` (or syntax error) line and no
   traceback. Every table's Delta version, row count and files are compared before and after.
+- ``concurrency`` and ``restore`` (:mod:`benchmarks.safety_runs`): two writing runs started together on one
+  home, and ``erg restore --run`` after a bad delivery, with real ``erg`` processes on ``--runs-conf`` (the
+  generated sample by default) in homes of their own under ``--work``.
 - ``sql_speed``: wall-clock seconds of the ``erg sql`` CLI (a subprocess, start-up included) for the README's
   example query, the median of ``--repeats`` runs on the fast path against the Spark path in the same run, and
   whether both printed the same rows.
@@ -169,10 +172,24 @@ def part_sql_speed(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+def runs_part(name: str) -> Callable[[argparse.Namespace], dict[str, Any]]:
+    """A part of :mod:`benchmarks.safety_runs` (real ``erg`` processes in homes of their own under ``--work``, on
+    ``--runs-conf``), as a part of this file."""
+    def part(args: argparse.Namespace) -> dict[str, Any]:
+        from benchmarks import safety_runs
+
+        safety_runs.CONF.update(name=args.runs_conf, overrides=list(args.runs_set))
+        args.work.mkdir(parents=True, exist_ok=True)
+        return {"conf": args.runs_conf, "overrides": list(args.runs_set), **safety_runs.PARTS[name](args.work)}
+    return part
+
+
 #: the parts, by name: each takes the parsed arguments and returns its entry of safety.json
 PARTS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "sql_refusals": part_sql_refusals,
     "sql_speed": part_sql_speed,
+    "concurrency": runs_part("concurrency"),
+    "restore": runs_part("restore"),
 }
 
 
@@ -194,6 +211,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5, help="runs per path of sql_speed (the median is kept)")
     parser.add_argument("--target-table", default="quarantine", help="the table the write statements name")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds one erg sql may take")
+    parser.add_argument("--work", type=Path, default=REPO / ".erg-safety",
+                        help="homes of the concurrency and restore parts' runs")
+    parser.add_argument("--runs-conf", default="local",
+                        help="conf of the concurrency and restore parts' erg commands (local: the generated sample)")
+    parser.add_argument("--runs-set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a conf override of those commands")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "safety.json")
     args = parser.parse_args(argv)
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]

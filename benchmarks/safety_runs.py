@@ -14,14 +14,13 @@ subprocesses on the generated sample (each scenario in a home of its own under `
   --incremental`` afterwards must leave the tables of the serial run that never saw the bad file. Also measured:
   ``erg restore`` refused while the run over the bad delivery holds the lock, and for an unknown run id (exit 2).
 
-``main()`` runs the parts and writes ``benchmarks/results/safety_runs.json`` with the command line inside::
+``benchmarks/safety.py`` runs them as its parts of the same names (``--runs-conf``, ``--work``) into
+``benchmarks/results/safety.json``::
 
-    python benchmarks/safety_runs.py --conf local --work .erg-safety
-    python benchmarks/safety_runs.py --conf test --work /tmp/safety --part restore   # quicker
+    python benchmarks/safety.py --parts concurrency,restore --runs-conf local --work .erg-safety
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -36,9 +35,8 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks.chaos import DeltaFolders, compare_tables  # noqa: E402
-from jobs.tables import TABLES  # noqa: E402
 
-#: the conf every part runs (``main --conf`` sets it); ``local`` is the embedded default on the generated sample
+#: the conf every part runs (``safety.py --runs-conf`` sets it); ``local`` is the embedded default on the generated sample
 CONF = {"name": "local", "overrides": []}
 TIMEOUT = 4 * 3600
 
@@ -230,30 +228,3 @@ def restore(work_dir: Path) -> dict[str, Any]:
 
 PARTS: dict[str, Callable[[Path], dict[str, Any]]] = {"concurrency": concurrency, "restore": restore}
 
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--conf", default="local", help="conf of every erg command (local: the generated sample)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="conf overrides")
-    parser.add_argument("--part", action="append", choices=sorted(PARTS), help="run only these parts")
-    parser.add_argument("--work", type=Path, default=REPO / ".erg-safety", help="homes of the runs")
-    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "safety_runs.json")
-    args = parser.parse_args(argv)
-    CONF.update(name=args.conf, overrides=list(args.set))
-    args.work.mkdir(parents=True, exist_ok=True)
-    command = " ".join(["python", "benchmarks/safety_runs.py", "--conf", args.conf,
-                        *[f"--set {s}" for s in args.set], *[f"--part {p}" for p in args.part or []]])
-    results: dict[str, Any] = {"command": command, "conf": args.conf, "overrides": args.set,
-                               "tables": list(TABLES)}
-    for name in args.part or list(PARTS):
-        started = time.monotonic()
-        print(f"{name} ...", file=sys.stderr)
-        results[name] = {**PARTS[name](args.work), "seconds": round(time.monotonic() - started, 1)}
-        print(f"{name}: ok={results[name]['ok']} in {results[name]['seconds']}s", file=sys.stderr)
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(results, indent=2, default=str) + "\n")
-    return 0 if all(results[n]["ok"] for n in args.part or PARTS) else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

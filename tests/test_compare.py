@@ -14,21 +14,24 @@ from jobs.tracking import job_run, log_counts
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    """Two generate runs (ppl_max 80 vs 60) with an extract run between them, in a fresh sqlite store."""
+    """Two generate runs (ppl_max 80 vs 60) with an extract run between them, in a fresh sqlite store (no tables:
+    no state recorded, so no Spark session)."""
     root = tmp_path_factory.mktemp("compare_store")
     base = [f"mlflow.tracking_uri=sqlite:///{root}/mlflow.db", f"mlflow.artifact_location={root}/artifacts",
             "mlflow.experiment=erg-compare", f"home={root}"]
     cfg_a = load_config("test", base)
     cfg_b = load_config("test", base + ["generate.filters.ppl_max=60", "generate.decoding.num_beams=3"])
     ids = {}
-    with job_run(cfg_a, "generate", sections=("generate",), params={"incremental": False, "note": "[humor] a"}) as run:
+    with job_run(cfg_a, "generate", sections=("generate",), params={"incremental": False, "note": "[humor] a"},
+                 record_state=False) as run:
         log_counts({"candidates": 40, "passed": 10, "pass_rate.all": 0.25, "pass_rate.humor": 0.5,
                     "generator.final_loss": 2.5, "generator.train_captions": 30})
         ids["a"] = run.info.run_id
-    with job_run(cfg_a, "extract", sections=("extract",)) as run:
+    with job_run(cfg_a, "extract", sections=("extract",), record_state=False) as run:
         log_counts({"classifier.accuracy": 0.9})
         ids["extract"] = run.info.run_id
-    with job_run(cfg_b, "generate", sections=("generate",), params={"incremental": False, "note": "[sep] b"}) as run:
+    with job_run(cfg_b, "generate", sections=("generate",), params={"incremental": False, "note": "[sep] b"},
+                 record_state=False) as run:
         log_counts({"candidates": 40, "passed": 6, "pass_rate.all": 0.15, "generator.final_loss": 2.0,
                     "generator.train_captions": 30, "stage_seconds.generate": 12.5})
         ids["b"] = run.info.run_id
