@@ -156,25 +156,11 @@ def test_killed_twice_then_rerun_equals_uninterrupted(spark, pipeline, erg_home,
 
 def _bad_files(folder) -> list:
     """A SentiCap file whose captions carry the wrong sentiment (and one record with no image, quarantined) and a
-    Flickr30K file of new factual captions: what a bad delivery looks like."""
-    import json
-
+    Flickr30K file of new factual captions: what a bad delivery looks like (the one benchmarks/safety.py uses)."""
+    from benchmarks.safety_runs import bad_delivery
     from jobs.config import IngestSource
 
-    folder.mkdir(parents=True, exist_ok=True)
-    images = [{"imgid": 90000 + i, "split": "train", "filename": f"COCO_train2014_00000099{i:04d}.png",
-               "sentences": [{"raw": f"a miserable dirty {animal} sits in the gloomy snow.", "sentiment": 1},
-                             {"raw": f"a lovely happy {animal} plays on the wonderful beach.", "sentiment": 0}]}
-              for i, animal in enumerate(["dog", "cat", "horse", "bird", "boy", "girl"])]
-    images.append({"imgid": 99999, "split": "train", "filename": "", "sentences": [{"raw": "no image", "sentiment": 0}]})
-    (folder / "bad_senticap.json").write_text(json.dumps({"images": images}))
-    (folder / "bad_factual.txt").write_text("".join(
-        f"bad_{i:03d}.png#{j}\ta {animal} is {verb} near the {place} {('again', 'today')[j]} .\n"
-        for i, (animal, verb, place) in enumerate([("dog", "running", "water"), ("cat", "sitting", "street"),
-                                                   ("man", "jumping", "field"), ("woman", "walking", "park"),
-                                                   ("child", "playing", "garden")]) for j in range(2)))
-    return [IngestSource(format="senticap_json", path=str(folder / "bad_senticap.json"), name="bad_senticap"),
-            IngestSource(format="flickr30k_tokens", path=str(folder / "bad_factual.txt"), name="bad_flickr30k")]
+    return [IngestSource(**source) for source in bad_delivery(folder)]
 
 
 def test_restore_to_a_run_undoes_a_bad_file(spark, pipeline, erg_home):

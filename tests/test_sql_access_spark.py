@@ -9,31 +9,13 @@ import pytest
 
 from jobs.cli import main
 from jobs.sql_access import writing_node
+from tests.write_statements import write_statements
 
 pytestmark = pytest.mark.spark
 SCHEMA = "t_sql_access"
 T = f"{SCHEMA}.images"
 
-WRITES = {
-    "INSERT": f"INSERT INTO {T} SELECT * FROM {T}",
-    "INSERT under WITH": f"WITH x AS (SELECT * FROM {T}) INSERT INTO {T} SELECT * FROM x",
-    "UPDATE": f"UPDATE {T} SET tags = 'x'",
-    "DELETE": f"DELETE FROM {T} WHERE true",
-    "DELETE after a comment, odd case": f"/* just a look */ dElEtE fRoM {T} -- really\n WHERE true",
-    "MERGE": f"MERGE INTO {T} t USING {T} s ON t.image_id = s.image_id WHEN MATCHED THEN DELETE",
-    "CREATE": f"CREATE TABLE {SCHEMA}.other (a INT) USING DELTA",
-    "CREATE AS SELECT": f"CREATE TABLE {SCHEMA}.other USING DELTA AS SELECT * FROM {T}",
-    "DROP": f"DROP TABLE {T}",
-    "ALTER": f"ALTER TABLE {T} ADD COLUMNS (x INT)",
-    "SET a table property": f"ALTER TABLE {T} SET TBLPROPERTIES ('owner' = 'me')",
-    "TRUNCATE": f"TRUNCATE TABLE {T}",
-    "RESTORE": f"RESTORE TABLE {T} TO VERSION AS OF 0",
-    "OPTIMIZE": f"OPTIMIZE {T}",
-    "VACUUM": f"VACUUM {T}",
-    "SET": "SET spark.sql.shuffle.partitions = 3",
-    "CACHE": f"CACHE TABLE {T}",
-    "a write as a second statement": f"SELECT 1; DROP TABLE {T}",
-}
+WRITES = write_statements(SCHEMA, "images")
 READS = [f"SELECT source, count(*) FROM {T} GROUP BY source", f"WITH x AS (SELECT * FROM {T}) SELECT count(*) FROM x",
          f"sElEcT image_id FROM {T} WHERE image_id IN (SELECT image_id FROM {T}) LIMIT 1",
          f"SHOW TABLES IN {SCHEMA}", f"DESCRIBE {T}", f"DESCRIBE HISTORY {T}", f"EXPLAIN SELECT * FROM {T}",

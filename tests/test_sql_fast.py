@@ -8,31 +8,15 @@ import pytest
 from jobs.config import load_config
 from jobs.errors import UserError
 from jobs.sql_fast import NotFast, Result, classify, first_word, route, show, spark_text
+from tests.write_statements import write_statements
 
 T = "erg.images"
 #: every kind of write, and the tricky ways of writing one (the same forms tests/test_sql_access_spark.py gives Spark)
 WRITES = {
-    "INSERT": f"INSERT INTO {T} SELECT * FROM {T}",
-    "INSERT under WITH": f"WITH x AS (SELECT * FROM {T}) INSERT INTO {T} SELECT * FROM x",
-    "UPDATE": f"UPDATE {T} SET tags = 'x'",
-    "DELETE": f"DELETE FROM {T} WHERE true",
-    "DELETE after a comment, odd case": f"/* just a look */ dElEtE fRoM {T} -- really\n WHERE true",
-    "MERGE": f"MERGE INTO {T} t USING {T} s ON t.image_id = s.image_id WHEN MATCHED THEN DELETE",
-    "CREATE": "CREATE TABLE erg.other (a INT) USING DELTA",
-    "CREATE AS SELECT": f"CREATE TABLE erg.other USING DELTA AS SELECT * FROM {T}",
+    **write_statements("erg", "images"),
     "CREATE VIEW": f"CREATE VIEW erg.v AS SELECT * FROM {T}",
-    "DROP": f"DROP TABLE {T}",
-    "ALTER": f"ALTER TABLE {T} ADD COLUMNS (x INT)",
-    "SET a table property": f"ALTER TABLE {T} SET TBLPROPERTIES ('owner' = 'me')",
-    "TRUNCATE": f"TRUNCATE TABLE {T}",
-    "RESTORE": f"RESTORE TABLE {T} TO VERSION AS OF 0",
-    "OPTIMIZE": f"OPTIMIZE {T}",
-    "VACUUM": f"VACUUM {T}",
-    "SET": "SET spark.sql.shuffle.partitions = 3",
-    "CACHE": f"CACHE TABLE {T}",
     "COPY to a file": f"COPY (SELECT * FROM {T}) TO '/tmp/out.csv'",
     "ATTACH": "ATTACH '/tmp/other.db'",
-    "a write as a second statement": f"SELECT 1; DROP TABLE {T}",
     "a write after a comment line": f"-- SELECT 1\nDELETE FROM {T}",
 }
 #: read-only statements: DuckDB answers the plain queries, Spark the rest
