@@ -140,7 +140,7 @@ def cell_epochs(cfg: ErgConfig, style: str) -> int:
     return cfg.experiment.epochs.get(cfg.style_set_of(style), cfg.train.epochs)
 
 
-def _with_captioner(cfg: ErgConfig, captioner: str, style: str | None = None, seed: int | None = None
+def with_captioner(cfg: ErgConfig, captioner: str, style: str | None = None, seed: int | None = None
                     ) -> ErgConfig:
     """``cfg`` training ``captioner`` (its ``experiment.hparams`` entry, or ``train.hparams`` for the conf's own),
     for ``style``'s epochs (:func:`cell_epochs`) and with ``seed`` as ``train.seed`` when given."""
@@ -486,7 +486,7 @@ def train_cells(spark: SparkSession, cfg: ErgConfig, cells: list[Cell], data: Ex
         counts.setdefault(f"cells.{key}", 0)
     planned = []
     for cell in cells:
-        cell_cfg = _with_captioner(conf_of(cell) if conf_of else cfg, cell.captioner, cell.style, cell.seed)
+        cell_cfg = with_captioner(conf_of(cell) if conf_of else cfg, cell.captioner, cell.style, cell.seed)
         frame, n_orig, n_aug = cell_pairs(data.pairs_ok, cell, pool, data.available, cfg.experiment.fig5.order)
         conf = worker_config(cell_cfg, [], Path("."), data.train_features.regions, "n_regions")
         fingerprint = cell_fingerprint(cell, conf, data_version(frame))
@@ -803,7 +803,7 @@ def run_experiment(spark: SparkSession, cfg: ErgConfig, *, command: str | None =
     generator = require_current(cfg, "generator", "run")
     classifiers = require_current(cfg, EVALUATION_CLASSIFIERS, "extract")
     for captioner in e.captioners:
-        check_hparams(_with_captioner(cfg, captioner))
+        check_hparams(with_captioner(cfg, captioner))
     styles = list(e.styles or cfg.styles)
     version = generator["version"] if e.generator_version == "current" else None
 
@@ -831,7 +831,7 @@ def run_experiment(spark: SparkSession, cfg: ErgConfig, *, command: str | None =
             tuning = run_tuning(spark, cfg, styles, version, generator, classifiers, parent_id, folder, lap)
             cfg, e = tuning["cfg"], tuning["cfg"].experiment
             for captioner in e.captioners:
-                check_hparams(_with_captioner(cfg, captioner))
+                check_hparams(with_captioner(cfg, captioner))
             if e.tuning.only:
                 return _tuning_only(cfg, command, parent_id, tuning, folder, started, stages)
         mlflow.log_params({"styles": json.dumps(styles), "captioners": json.dumps(e.captioners),

@@ -145,7 +145,7 @@ def run_tuning(spark: SparkSession, cfg: ErgConfig, styles: list[str], generator
     import mlflow
     from mlflow.tracking import MlflowClient
 
-    from jobs.experiment import _with_captioner
+    from jobs.experiment import with_captioner
     from jobs.train import check_hparams
 
     e, t = cfg.experiment, cfg.experiment.tuning
@@ -153,7 +153,7 @@ def run_tuning(spark: SparkSession, cfg: ErgConfig, styles: list[str], generator
     tuning_styles = list(t.styles or styles)
     for key, values in t.knobs.items():  # every value's captioner recipe is checked before anything trains
         for value in values:
-            check_hparams(_with_captioner(with_setting(cfg, key, value), t.captioner))
+            check_hparams(with_captioner(with_setting(cfg, key, value), t.captioner))
     grader = fit_independent_classifier(spark, cfg, tuning_styles, folder / "independent_classifier_tuning")
     lap("tuning.independent_classifier")
     stylized = read_table(spark, cfg, "stylized_captions")
