@@ -44,11 +44,11 @@ def table_versions(spark, cfg: ErgConfig) -> dict[str, int]:
 def snapshot(spark, cfg: ErgConfig) -> dict[str, Any]:
     """The schema's state now: table versions and ids, watermarks, ingested sources, ``current`` aliases."""
     from jobs.model_store import current_aliases
-    from jobs.watermarks import _path, _sources_path, table_id
+    from jobs.watermarks import ingested_sources_path, table_id, watermarks_path
 
     versions = table_versions(spark, cfg)
     files = {}
-    for key, path in (("watermarks", _path(cfg)), ("ingested_sources", _sources_path(cfg))):
+    for key, path in (("watermarks", watermarks_path(cfg)), ("ingested_sources", ingested_sources_path(cfg))):
         files[key] = json.loads(path.read_text()) if path.exists() else None
     return {"schema": schema_key(cfg), "tables": versions,
             "table_ids": {t: table_id(spark, cfg, t) for t in versions}, **files, "models": current_aliases(cfg)}
@@ -159,7 +159,7 @@ def _restore(spark, cfg: ErgConfig, run_id: str, state: dict[str, Any]) -> dict[
     from jobs.model_store import current_aliases, point_current
     from jobs.tables import TABLES, table_name
     from jobs.tracking import job_run
-    from jobs.watermarks import _path, _sources_path, _write, table_id, table_version
+    from jobs.watermarks import table_id, table_version, watermarks_path, write_ingested_sources, write_watermarks
 
     recorded, ids = state["tables"], state.get("table_ids", {})
     for table, version in recorded.items():  # check everything before changing anything
@@ -204,11 +204,8 @@ def _restore(spark, cfg: ErgConfig, run_id: str, state: dict[str, Any]) -> dict[
                 marks[consumer] = {t: tables[t]["to"] for t in seen}
             else:
                 dropped.append(consumer)
-        _write(cfg, marks)
-        if state.get("ingested_sources") is not None:
-            _write(cfg, state["ingested_sources"], _sources_path(cfg))
-        else:
-            _sources_path(cfg).unlink(missing_ok=True)
+        write_watermarks(cfg, marks)
+        write_ingested_sources(cfg, state.get("ingested_sources"))
 
         models: dict[str, dict[str, str | None]] = {}
         now = current_aliases(cfg)
@@ -218,7 +215,7 @@ def _restore(spark, cfg: ErgConfig, run_id: str, state: dict[str, Any]) -> dict[
                 point_current(cfg, name, target)
             models[name] = {"from": now.get(name), "to": target}
         result = {"restored_to": run_id, "tables": tables, "watermarks": marks,
-                  "watermarks_reset": dropped, "models": models, "watermarks_file": str(_path(cfg))}
+                  "watermarks_reset": dropped, "models": models, "watermarks_file": str(watermarks_path(cfg))}
         mlflow.log_dict(result, "restore.json")
         mlflow.set_tag("erg.restored_to", run_id)
         result["run_id"] = run.info.run_id

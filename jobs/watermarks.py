@@ -17,12 +17,13 @@ from jobs.config import ErgConfig
 from jobs.tables import table_name
 
 
-def _path(cfg: ErgConfig) -> Path:
+def watermarks_path(cfg: ErgConfig) -> Path:
+    """The file of every consumer's watermarks (one per schema)."""
     return Path(cfg.home) / "state" / f"watermarks.{cfg.tables.catalog or 'local'}.{cfg.tables.schema_name}.json"
 
 
 def _read(cfg: ErgConfig) -> dict:
-    path = _path(cfg)
+    path = watermarks_path(cfg)
     return json.loads(path.read_text()) if path.exists() else {}
 
 
@@ -61,11 +62,17 @@ def record(spark: SparkSession, cfg: ErgConfig, consumer: str, tables: list[str]
 
 def _write(cfg: ErgConfig, marks: dict, path: Path | None = None) -> None:
     """Write ``marks`` to ``path`` (default: the watermarks file) whole or not at all (a rename)."""
-    path = path or _path(cfg)
+    path = path or watermarks_path(cfg)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(marks, indent=2))
     tmp.replace(path)
+
+
+def write_watermarks(cfg: ErgConfig, marks: dict) -> None:
+    """Replace every consumer's watermarks by ``marks`` (consumer -> table -> version), e.g. those of a restored
+    state (:mod:`jobs.history`)."""
+    _write(cfg, marks)
 
 
 def watermark_version(cfg: ErgConfig, consumer: str, table: str) -> int | None:
@@ -83,7 +90,8 @@ def record_version(cfg: ErgConfig, consumer: str, versions: dict[str, int]) -> N
 
 
 # ---------------------------------------------------------------------------------------- ingested source files
-def _sources_path(cfg: ErgConfig) -> Path:
+def ingested_sources_path(cfg: ErgConfig) -> Path:
+    """The file of the source files the ingest has written into its tables (one per schema)."""
     return Path(cfg.home) / "state" / f"ingested_sources.{cfg.tables.catalog or 'local'}.{cfg.tables.schema_name}.json"
 
 
@@ -97,7 +105,7 @@ def table_id(spark: SparkSession, cfg: ErgConfig, table: str) -> str | None:
 
 def _sources_in(cfg: ErgConfig, ids: dict[str, str | None]) -> dict[str, str]:
     """The recorded sources, if they were written into the tables of these ids; else empty."""
-    path = _sources_path(cfg)
+    path = ingested_sources_path(cfg)
     if not path.exists():
         return {}
     marks = json.loads(path.read_text())
@@ -119,4 +127,13 @@ def record_ingested_sources(spark: SparkSession, cfg: ErgConfig, tables: tuple[s
     ids = {t: table_id(spark, cfg, t) for t in tables}
     kept = _sources_in(cfg, ids)
     _write(cfg, {"tables": ids, "sources": {**kept, **{k: v for k, v in sources.items() if v is not None}}},
-           _sources_path(cfg))
+           ingested_sources_path(cfg))
+
+
+def write_ingested_sources(cfg: ErgConfig, record: dict | None) -> None:
+    """Replace the record of the ingested sources by ``record`` (as :func:`ingested_sources_path` holds it, e.g. that
+    of a restored state); None removes it (no source ingested)."""
+    if record is None:
+        ingested_sources_path(cfg).unlink(missing_ok=True)
+    else:
+        _write(cfg, record, ingested_sources_path(cfg))

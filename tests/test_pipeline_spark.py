@@ -189,7 +189,7 @@ def test_restore_to_a_run_undoes_a_bad_file(spark, pipeline, erg_home):
     from jobs.model_store import current_aliases
     from jobs.sample import sample_sources
     from jobs.tables import TABLES
-    from jobs.watermarks import _path
+    from jobs.watermarks import watermarks_path
 
     cfg, first = pipeline
     run_id = first["parent_run_id"]
@@ -227,7 +227,7 @@ def test_restore_to_a_run_undoes_a_bad_file(spark, pipeline, erg_home):
     assert current_aliases(cfg) == state["models"]
     import json
 
-    marks = json.loads(_path(cfg).read_text())
+    marks = json.loads(watermarks_path(cfg).read_text())
     assert marks["retrieve"] == {"embeddings": result["tables"]["embeddings"]["to"]}
 
     rerun = run_pipeline(spark, cfg, incremental=True)
