@@ -12,10 +12,10 @@ from jobs.console import stage as progress
 from jobs.embed import embed
 from jobs.extract import extract
 from jobs.generate import generate_augmented
-from jobs.history import SCHEMA_TAG, schema_key
 from jobs.ingest import ingest
 from jobs.retrieve import retrieve
 from jobs.runner import parent_run
+from jobs.state import SCHEMA_TAG, schema_key
 from jobs.tracking import log_counts, recording
 
 STAGES = ("ingest", "extract", "embed", "retrieve", "generate")

@@ -4,26 +4,10 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from pathlib import Path
 from typing import Any, Iterator
 
 from jobs.config import ErgConfig
-
-
-def configure_mlflow(cfg: ErgConfig) -> str:
-    """Point MLflow at the configured tracking store and experiment; returns the experiment id."""
-    import mlflow
-
-    if cfg.platform == "local" and cfg.mlflow.tracking_uri.startswith("sqlite:///"):
-        Path(cfg.mlflow.tracking_uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-    mlflow.set_tracking_uri(cfg.mlflow.tracking_uri)
-    if cfg.mlflow.registry_uri:
-        mlflow.set_registry_uri(cfg.mlflow.registry_uri)
-    experiment = mlflow.get_experiment_by_name(cfg.mlflow.experiment)
-    if experiment is None:
-        return mlflow.create_experiment(cfg.mlflow.experiment, artifact_location=cfg.mlflow.artifact_location)
-    mlflow.set_experiment(cfg.mlflow.experiment)
-    return experiment.experiment_id
+from jobs.mlflow_setup import configure_mlflow
 
 
 def flatten(prefix: str, value: Any) -> dict[str, str]:
@@ -46,11 +30,11 @@ def job_run(cfg: ErgConfig, job: str, *, sections: tuple[str, ...] = (), params:
 
     Logs the conf name, the given config sections and extra params; tags ``erg.job`` and ``erg.schema``. Yields the
     run. With ``record_state`` (a job that may write tables, watermarks or ``current`` aliases), a job that finishes
-    records the schema's state after it on the run (:func:`jobs.history.record_state`: what ``erg restore`` reads).
+    records the schema's state after it on the run (:func:`jobs.state.record_state`: what ``erg restore`` reads).
     """
     import mlflow
 
-    from jobs.history import SCHEMA_TAG, schema_key
+    from jobs.state import SCHEMA_TAG, schema_key
 
     experiment_id = configure_mlflow(cfg)
     nested = mlflow.active_run() is not None
@@ -71,13 +55,13 @@ def job_run(cfg: ErgConfig, job: str, *, sections: tuple[str, ...] = (), params:
 @contextlib.contextmanager
 def recording(cfg: ErgConfig, run_id: str, enabled: bool = True) -> Iterator[None]:
     """Around a writing job's work: names its run in the schema's lock row (:mod:`jobs.lock`) and, when the block
-    finishes, records the schema's state after it on the run (:func:`jobs.history.record_state`)."""
+    finishes, records the schema's state after it on the run (:func:`jobs.state.record_state`)."""
     if not enabled:
         yield
         return
-    from jobs.history import record_state, table_versions
     from jobs.lock import note_run
     from jobs.spark import get_spark
+    from jobs.state import record_state, table_versions
 
     note_run(cfg, run_id)
     spark = get_spark(cfg)
