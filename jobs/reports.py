@@ -8,8 +8,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
-
 
 
 def _mlflow():
@@ -118,3 +118,40 @@ def log_table2(table: pd.DataFrame) -> str:
 
 def log_caption_samples(samples: pd.DataFrame) -> None:
     _mlflow().log_table(samples, "caption_samples.json")
+
+
+# ---------------------------------------------------------------------------------------------- retrieve
+def log_scene_indexes(index_types: dict[str, str], tunings: dict) -> None:
+    """The params ``index.<modality>.type`` and, for each index ``auto`` tuned (``tunings``: modality ->
+    :class:`models.scene_index.IndexTuning`), ``index.<modality>.kind_chosen`` / ``.search_param`` /
+    ``.auto_reason``, with every measured setting in ``index_tuning.json``."""
+    mlflow = _mlflow()
+    mlflow.log_params({f"index.{m}.type": t for m, t in index_types.items()})
+    for modality, tuning in tunings.items():
+        mlflow.log_params({f"index.{modality}.kind_chosen": tuning.index_type,
+                           f"index.{modality}.search_param": tuning.search_param,
+                           f"index.{modality}.auto_reason": tuning.reason})
+    if tunings:
+        mlflow.log_dict({m: t.as_dict() for m, t in tunings.items()}, "index_tuning.json")
+
+
+def log_table5(encoder_version: str, index_types: dict[str, str], table: pd.DataFrame) -> str:
+    """The paper's Table 5 view (per retrieval type: queries, queries with a hit, hits per style, mean similarity) as
+    ``table5_counts.json`` / ``table5_counts.md``; returns the markdown."""
+    from udfs.retrieval import markdown_table
+
+    mlflow = _mlflow()
+    mlflow.log_dict({"encoder_version": encoder_version, "index_types": index_types,
+                     "rows": table.replace({np.nan: None}).to_dict("records")}, "table5_counts.json")
+    table_md = markdown_table(table)
+    mlflow.log_text(table_md, "table5_counts.md")
+    return table_md
+
+
+def log_retrieval_examples(examples: list[dict]) -> None:
+    """The Fig. 3 view (factual caption -> retrieved stylized captions): ``retrieval_examples.json`` / ``.md``."""
+    from udfs.retrieval import examples_markdown
+
+    mlflow = _mlflow()
+    mlflow.log_dict({"examples": examples}, "retrieval_examples.json")
+    mlflow.log_text(examples_markdown(examples), "retrieval_examples.md")

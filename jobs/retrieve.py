@@ -37,7 +37,7 @@ from __future__ import annotations
 import logging
 import time
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -48,15 +48,15 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import Window
 from pyspark.sql import functions as F
 
+from jobs import reports
 from jobs.config import ErgConfig, IndexConf
 from jobs.errors import UserError
-from jobs.leakage import leakage_counts, retrievals_leakage
+from jobs.runner import JobContext, Step, advance_watermark, count_leakage, run_job, watermark
 from jobs.spark import has_spark_context
 from jobs.tables import append_rows, apply_changes, query_captions, read_table, table_name
-from jobs.tracking import job_run, log_counts, step_seconds
+from jobs.tracking import step_seconds
 from jobs.vocabulary import encoder_spec
-from jobs.watermarks import record_version as record_watermark
-from jobs.watermarks import table_version, watermark_version
+from jobs.watermarks import table_version
 from models.scene_index import (
     IndexTuning,
     SceneIndex,
@@ -72,9 +72,7 @@ from udfs.retrieval import (
     QUERY_COLUMNS,
     RetrievalPlan,
     ScenePayload,
-    examples_markdown,
     exclusion_margin,
-    markdown_table,
     query_modalities,
     retrieval_examples,
     retrieval_partitions,
@@ -384,141 +382,6 @@ def replace_hits(spark: SparkSession, cfg: ErgConfig, hits: DataFrame, searched:
     return apply_changes(spark, cfg, "retrievals", changes, compare=("rank", "similarity"))
 
 
-def retrieve(spark: SparkSession, cfg: ErgConfig, query_filter: DataFrame | None = None, *,
-             incremental: bool = False) -> dict:
-    """Search the factual queries against the stylized scenes for every configured type; returns the logged counts.
-
-    ``query_filter`` (a DataFrame with ``caption_id``) limits the factual captions searched; by default all are.
-    ``incremental`` (with a watermark of a finished retrieval; else the full search): only what ``embeddings``
-    gained since then is searched. New factual queries are searched against the full indexes; new train scenes are
-    indexed on their own, every other query is searched against that small index and its hits merged into the
-    kept top-k (ranks rewritten, hits pushed out deleted, in one MERGE); an unchanged (query, scene) pair is never
-    searched again. Nothing new: nothing is searched (``skipped`` says why).
-
-    Counts: ``queries``, ``queries.<modality>`` (with a vector of it), ``scenes`` (train split),
-    ``scenes.non_train_excluded``, ``leakage.*`` (:func:`jobs.leakage.leakage_counts`), ``index.<modality>.size``,
-    per type ``<type>.queries``, ``<type>.queries_with_hit``, ``<type>.hits``, ``<type>.hits.<style>``,
-    ``<type>.mean_similarity``; ``retrievals.inserted`` / ``.updated`` / ``.deleted``;
-    ``index.faiss_gpu_fallback`` (:func:`faiss_gpu_fallbacks`); ``index.transport_file``, ``index.payload_bytes``,
-    ``index.<modality>.without_vector``; incremental: ``incremental.new_queries``, ``incremental.new_scenes``,
-    ``incremental.new_scene_hits`` (and ``_entering``: those that reach their group's kept top-k),
-    ``retrievals.<inserted|updated|deleted>_by_new_scenes``; ``encoder_version``,
-    ``index_types`` and ``run_id``; ``seconds.<step>`` (:func:`jobs.tracking.step_seconds`): ``scene_indexes``,
-    ``queries``, ``search``, ``merge``, ``examples``, ``leakage``, ``new_scenes.search``, ``new_scenes.merge``.
-    """
-    import mlflow
-
-    conf = cfg.retrieve
-    identity = encoder_identity(encoder_spec(cfg))
-    since = watermark_version(cfg, "retrieve", "embeddings") if incremental else None
-    if since is not None:
-        if query_filter is not None:
-            raise ValueError("retrieve(incremental=True) searches what is new since its watermark: give no query_filter")
-        version = table_version(spark, cfg, "embeddings")
-        new = new_since(spark, cfg, since, identity.version) if version > since else None
-        if new is None or not any(frame.limit(1).count() for frame in new.values()):
-            # nothing inserted (a compaction commit changes no row): nothing to search
-            record_watermark(cfg, "retrieve", {"embeddings": version})
-            return {"skipped": "no new embeddings since the last retrieval", "encoder_version": identity.version}
-    with job_run(cfg, "retrieve", sections=("retrieve",),
-                 params={"encoder_version": identity.version, "embed.encoder.kind": cfg.embed.encoder.kind,
-                         "incremental": since is not None}) as run:
-        run_id = run.info.run_id
-        embeddings_version = version if since is not None else table_version(spark, cfg, "embeddings")
-        vectors = read_table(spark, cfg, "embeddings").where(F.col("encoder_version") == identity.version)
-        all_scenes = read_table(spark, cfg, "stylized_captions")
-        stylized = all_scenes.where(F.col("split") == "train").select("scene_id", "image_id", "style")
-        targets = target_modalities(conf.types)
-        counts: dict[str, float] = {}
-        tunings: dict[str, IndexTuning] = {}
-
-        def sample(modality: str) -> np.ndarray:
-            return tuning_sample(spark, cfg, vectors, modality)
-
-        with step_seconds(counts, "scene_indexes"):
-            scenes = scene_vectors(stylized, vectors, targets).toPandas()
-            counts.update({"scenes": len(scenes), "scenes.non_train_excluded": all_scenes.count() - len(scenes)})
-            indexes = scene_indexes(scenes, targets, conf.index, counts, sample=sample, tunings=tunings)
-        scene_image_map = dict(zip(scenes["scene_id"], scenes["image_id"]))
-        for modality in targets:
-            if modality not in indexes:
-                raise ValueError(
-                    f"no {modality} vectors of the stylized scenes under encoder version {identity.version}: "
-                    f"run `erg embed` first with the same embed.encoder"
-                )
-        index_types = {m: index.index_type for m, index in indexes.items()}
-        mlflow.log_params({f"index.{m}.type": t for m, t in index_types.items()})
-        for modality, tuning in tunings.items():
-            mlflow.log_params({f"index.{modality}.kind_chosen": tuning.index_type,
-                               f"index.{modality}.search_param": tuning.search_param,
-                               f"index.{modality}.auto_reason": tuning.reason})
-        if tunings:
-            mlflow.log_dict({m: t.as_dict() for m, t in tunings.items()}, "index_tuning.json")
-        counts["index.faiss_gpu_fallback"] = float(bool(faiss_gpu_fallbacks(index_types, conf.index)))
-        payload = ScenePayload.of(indexes, scene_image_map)
-        transport = index_transport(spark, conf)
-        counts["index.payload_bytes"] = payload.size_bytes
-        counts["index.transport_file"] = float(transport == "file")
-        plan = RetrievalPlan(tuple(conf.types), conf.top_k, conf.min_similarity, conf.exclude_same_image,
-                             exclusion_margin(scene_image_map), conf.index.use_gpu, conf.index.gpu_fallback)
-
-        modalities = query_modalities(conf.types)
-        factual = query_captions(spark, cfg).select("caption_id", "image_id")
-        new_scene_ids: list[str] = []
-        with step_seconds(counts, "queries"):
-            if since is not None:
-                new_scenes, query_filter = split_new(stylized, factual, new)
-                new_scene_ids = [r.scene_id for r in new_scenes.collect()]  # bounded by the stylized corpus
-                counts["incremental.new_scenes"] = len(new_scene_ids)
-            queries = factual_queries(spark, cfg, vectors, modalities, query_filter)
-            if query_filter is not None:  # a few queries, read by the search, the counts and the MERGE: read once
-                queries = queries.persist(StorageLevel.MEMORY_AND_DISK)
-            have = queries.agg(F.count(F.lit(1)).alias("queries"), F.count("text_vector").alias("text"),
-                               F.count("image_vector").alias("image")).collect()[0]
-        counts["queries"] = have["queries"]
-        if since is not None:
-            counts["incremental.new_queries"] = have["queries"]
-        counts.update({f"queries.{m}": have[m] for m in modalities})
-        queries_per_type = {t: have[retrieval_modalities(t).query] for t in conf.types}
-
-        def as_rows(hits: DataFrame) -> DataFrame:
-            return hits.select(
-                "query_id", "query_image_id", "scene_id", "retrieval_type", "rank", "similarity",
-                F.lit(identity.version).alias("encoder_version"), F.lit(run_id).alias("run_id"),
-                F.current_timestamp().alias("created_at"))
-
-        with shipped_scene_indexes(spark, cfg, payload, run_id, transport) as shipped:
-            hits = search_hits(spark, cfg, queries, shipped, plan).persist(StorageLevel.MEMORY_AND_DISK)
-            try:
-                with step_seconds(counts, "search"):
-                    per_type, per_type_style = _table5_inputs(hits, stylized)
-                    table = table5(per_type, per_type_style, queries_per_type, cfg.styles, conf.types)
-                with step_seconds(counts, "merge"):
-                    stats = replace_hits(spark, cfg, as_rows(hits), queries, identity.version,
-                                         few=query_filter is not None)
-                counts.update({f"retrievals.{k}": float(v) for k, v in stats.items()})
-                with step_seconds(counts, "examples"):
-                    examples = _examples(hits, spark, cfg, conf.examples_to_log) if conf.examples_to_log else []
-            finally:
-                hits.unpersist()
-                queries.unpersist()  # a no-op where it was not persisted
-        if new_scene_ids:  # query_filter: the new queries, which met the full index above
-            counts.update(merge_new_scenes(spark, cfg, scenes, new_scene_ids, query_filter, vectors,
-                                           plan, identity.version, run_id, as_rows, transport, sample))
-        counts.update(table5_metrics(table))
-        with step_seconds(counts, "leakage"):  # incremental: what this run wrote (the rest was checked before)
-            counts.update(leakage_counts(spark, cfg) if since is None else retrievals_leakage(spark, cfg, run_id))
-        log_counts(counts)
-        mlflow.log_dict({"encoder_version": identity.version, "index_types": index_types,
-                         "rows": table.replace({np.nan: None}).to_dict("records")}, "table5_counts.json")
-        mlflow.log_text(markdown_table(table), "table5_counts.md")
-        mlflow.log_dict({"examples": examples}, "retrieval_examples.json")
-        mlflow.log_text(examples_markdown(examples), "retrieval_examples.md")
-        logger.info("retrieval counts per type:\n%s", markdown_table(table))
-        record_watermark(cfg, "retrieve", {"embeddings": embeddings_version})
-        return {**counts, "encoder_version": identity.version, "index_types": index_types, "run_id": run_id}
-
-
 def merge_new_scenes(spark: SparkSession, cfg: ErgConfig, scenes: pd.DataFrame, new_scene_ids: list[str],
                      new_queries: DataFrame, vectors: DataFrame, plan: RetrievalPlan,
                      encoder_version: str, run_id: str, as_rows, transport: str,
@@ -562,38 +425,309 @@ def old_query_hits(spark: SparkSession, cfg: ErgConfig, vectors: DataFrame, new_
     (:data:`udfs.retrieval.HIT_SCHEMA`; the ranks are rewritten by :func:`merged_top_k`).
 
     Every factual caption is a query here, so no vector is joined to its caption or moved across the cluster:
-    - the text types search the caption vectors where ``embeddings`` holds them (no shuffle), without the query's
-      image, for ``top_k`` plus the same-image margin; the hits (few) then get their caption's image and lose
-      those that show it, which leaves the top ``top_k`` that the search with the image would give;
-    - the image types search each factual image's vector once, and its hits become those of its captions.
-    ``new_scene_images``: ``scene_id``, ``_scene_image`` of the new scenes.
+    the text types search the caption vectors where ``embeddings`` holds them (:func:`old_caption_hits`), the image
+    types each factual image's vector once (:func:`old_image_hits`). ``new_scene_images``: ``scene_id``,
+    ``_scene_image`` of the new scenes.
     """
     factual = query_captions(spark, cfg).select(
         F.col("caption_id").alias("query_id"), F.col("image_id").alias("query_image_id"))
     old = factual.join(F.broadcast(new_queries.select(F.col("caption_id").alias("query_id"))), "query_id",
                        "left_anti")
-    no_vector = F.lit(None).cast("array<float>")
     found = []
     text_types = tuple(t for t in plan.types if retrieval_modalities(t).query == "text")
     if text_types:
-        captions = (vectors.where((F.col("item_kind") == "factual") & (F.col("modality") == "text"))
-                    .select(F.col("item_id").alias("query_id"), F.lit(None).cast("string").alias("query_image_id"),
-                            F.col("vector").alias("text_vector"), no_vector.alias("image_vector")))
-        wide = replace(plan, types=text_types, top_k=plan.search_k, exclude_same_image=False)
-        hits = (captions.mapInPandas(retrieval_partitions(shipped, wide), HIT_SCHEMA).drop("query_image_id")
-                .join(old, "query_id"))
-        if plan.exclude_same_image:
-            hits = (hits.join(F.broadcast(new_scene_images), "scene_id", "left")
-                    .where(F.col("_scene_image").isNull() | (F.col("_scene_image") != F.col("query_image_id")))
-                    .drop("_scene_image"))
-        found.append(hits.select(*HIT_COLUMNS))
+        found.append(old_caption_hits(vectors, old, shipped, replace(plan, types=text_types), new_scene_images))
     image_types = tuple(t for t in plan.types if retrieval_modalities(t).query == "image")
     if image_types:
-        images = (vectors.where((F.col("item_kind") == "image") & (F.col("modality") == "image"))
-                  .join(factual.select(F.col("query_image_id").alias("item_id")).distinct(), "item_id", "left_semi")
-                  .select(F.col("item_id").alias("query_id"), F.col("item_id").alias("query_image_id"),
-                          no_vector.alias("text_vector"), F.col("vector").alias("image_vector")))
-        hits = (images.mapInPandas(retrieval_partitions(shipped, replace(plan, types=image_types)), HIT_SCHEMA)
-                .drop("query_id").join(old, "query_image_id"))
-        found.append(hits.select(*HIT_COLUMNS))
+        found.append(old_image_hits(vectors, factual, old, shipped, replace(plan, types=image_types)))
     return found[0] if len(found) == 1 else found[0].unionByName(found[1])
+
+
+def old_caption_hits(vectors: DataFrame, old: DataFrame, shipped, plan: RetrievalPlan,
+                     new_scene_images: DataFrame) -> DataFrame:
+    """The hits of the old queries (``old``: ``query_id, query_image_id``) for the text types of ``plan``: the
+    caption vectors are searched where ``embeddings`` holds them (no shuffle), without the query's image, for
+    ``top_k`` plus the same-image margin; the hits (few) then get their caption's image and lose those that show it,
+    which leaves the top ``top_k`` that the search with the image would give."""
+    captions = (vectors.where((F.col("item_kind") == "factual") & (F.col("modality") == "text"))
+                .select(F.col("item_id").alias("query_id"), F.lit(None).cast("string").alias("query_image_id"),
+                        F.col("vector").alias("text_vector"), F.lit(None).cast("array<float>").alias("image_vector")))
+    wide = replace(plan, top_k=plan.search_k, exclude_same_image=False)
+    hits = (captions.mapInPandas(retrieval_partitions(shipped, wide), HIT_SCHEMA).drop("query_image_id")
+            .join(old, "query_id"))
+    if plan.exclude_same_image:
+        hits = (hits.join(F.broadcast(new_scene_images), "scene_id", "left")
+                .where(F.col("_scene_image").isNull() | (F.col("_scene_image") != F.col("query_image_id")))
+                .drop("_scene_image"))
+    return hits.select(*HIT_COLUMNS)
+
+
+def old_image_hits(vectors: DataFrame, factual: DataFrame, old: DataFrame, shipped, plan: RetrievalPlan) -> DataFrame:
+    """The hits of the old queries (``old``) for the image types of ``plan``: each factual image's vector (``factual``:
+    ``query_id, query_image_id`` of every factual caption) is searched once, and its hits become those of its
+    captions."""
+    images = (vectors.where((F.col("item_kind") == "image") & (F.col("modality") == "image"))
+              .join(factual.select(F.col("query_image_id").alias("item_id")).distinct(), "item_id", "left_semi")
+              .select(F.col("item_id").alias("query_id"), F.col("item_id").alias("query_image_id"),
+                      F.lit(None).cast("array<float>").alias("text_vector"), F.col("vector").alias("image_vector")))
+    hits = (images.mapInPandas(retrieval_partitions(shipped, plan), HIT_SCHEMA)
+            .drop("query_id").join(old, "query_image_id"))
+    return hits.select(*HIT_COLUMNS)
+
+
+# ------------------------------------------------------------------------------------------------------ steps
+@dataclass(frozen=True)
+class Increment:
+    """Where an incremental retrieval starts: the version of ``embeddings`` it reads (its next watermark) and what
+    the table gained under the encoder since the watermark (:func:`new_since`; None: nothing new)."""
+
+    version: int
+    new: dict[str, DataFrame] | None
+
+
+def increment_since_watermark(spark: SparkSession, cfg: ErgConfig, encoder_version: str,
+                              query_filter: DataFrame | None) -> Increment | None:
+    """What ``embeddings`` gained since the last retrieval finished; None where none did (a full retrieval)."""
+    since = watermark(cfg, "retrieve", "embeddings")
+    if since is None:
+        return None
+    if query_filter is not None:
+        raise ValueError("retrieve(incremental=True) searches what is new since its watermark: give no query_filter")
+    version = table_version(spark, cfg, "embeddings")
+    new = new_since(spark, cfg, since, encoder_version) if version > since else None
+    if new is not None and not any(frame.limit(1).count() for frame in new.values()):
+        new = None  # nothing inserted (a compaction commit changes no row): nothing to search
+    return Increment(version, new)
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """What a retrieval reads when its run starts: the version of ``embeddings`` (its next watermark), the vectors
+    of the encoder's version, the stylized scenes (all of them, and the train split's ``scene_id, image_id,
+    style``) and the modalities that the configured types search."""
+
+    embeddings_version: int
+    vectors: DataFrame
+    all_scenes: DataFrame
+    stylized: DataFrame
+    targets: list[str]
+
+    def tuning_sample(self, spark: SparkSession, cfg: ErgConfig) -> Callable[[str], np.ndarray]:
+        """modality -> the query vectors ``auto`` tunes that index on (:func:`tuning_sample`)."""
+        return lambda modality: tuning_sample(spark, cfg, self.vectors, modality)
+
+
+@dataclass(frozen=True)
+class Indexes:
+    """The train scenes with their vectors, the scene index of each target modality and (``auto``) what the tuning
+    chose for each."""
+
+    scenes: pd.DataFrame
+    by_modality: dict[str, SceneIndex]
+    tunings: dict[str, IndexTuning]
+
+
+@dataclass(frozen=True)
+class Shipping:
+    """How the search runs: the payload the executors get (the indexes and each scene's image), its transport
+    (:func:`index_transport`) and the :class:`udfs.retrieval.RetrievalPlan`."""
+
+    payload: ScenePayload
+    transport: str
+    plan: RetrievalPlan
+
+
+@dataclass(frozen=True)
+class Queries:
+    """The factual queries searched (persisted when ``query_filter`` restricts them), that filter (incremental:
+    the new queries), the new train scenes (incremental) and how many queries each type has."""
+
+    frame: DataFrame
+    query_filter: DataFrame | None
+    new_scene_ids: list[str]
+    per_type: dict[str, int]
+
+
+def retrieval_rows(hits: DataFrame, encoder_version: str, run_id: str) -> DataFrame:
+    """Hits as rows of ``retrievals``, stamped with the encoder's version and the run id."""
+    return hits.select(
+        "query_id", "query_image_id", "scene_id", "retrieval_type", "rank", "similarity",
+        F.lit(encoder_version).alias("encoder_version"), F.lit(run_id).alias("run_id"),
+        F.current_timestamp().alias("created_at"))
+
+
+def _as_rows(ctx: JobContext) -> Callable[[DataFrame], DataFrame]:
+    return lambda hits: retrieval_rows(hits, ctx["identity"].version, ctx.run_id)
+
+
+def read_step(ctx: JobContext) -> Corpus:
+    """The version of ``embeddings`` read now (the watermark the run records), and the frames it searches."""
+    increment, encoder_version = ctx["increment"], ctx["identity"].version
+    ctx.summary["encoder_version"] = encoder_version
+    embeddings_version = (increment.version if increment is not None
+                          else table_version(ctx.spark, ctx.cfg, "embeddings"))
+    vectors = read_table(ctx.spark, ctx.cfg, "embeddings").where(F.col("encoder_version") == encoder_version)
+    all_scenes = read_table(ctx.spark, ctx.cfg, "stylized_captions")
+    stylized = all_scenes.where(F.col("split") == "train").select("scene_id", "image_id", "style")
+    return Corpus(embeddings_version, vectors, all_scenes, stylized, target_modalities(ctx.cfg.retrieve.types))
+
+
+def scene_indexes_step(ctx: JobContext) -> Indexes:
+    """The train scenes' vectors collected and indexed per target modality (``auto``: tuned on a query sample)."""
+    corpus: Corpus = ctx["read"]
+    scenes = scene_vectors(corpus.stylized, corpus.vectors, corpus.targets).toPandas()
+    ctx.counts.update({"scenes": len(scenes), "scenes.non_train_excluded": corpus.all_scenes.count() - len(scenes)})
+    tunings: dict[str, IndexTuning] = {}
+    indexes = scene_indexes(scenes, corpus.targets, ctx.cfg.retrieve.index, ctx.counts,
+                            sample=corpus.tuning_sample(ctx.spark, ctx.cfg), tunings=tunings)
+    return Indexes(scenes, indexes, tunings)
+
+
+def plan_step(ctx: JobContext) -> Shipping:
+    """Every target modality has its index (else ValueError); the index types and tuning logged; the GPU fallback
+    checked; the payload and its transport chosen."""
+    conf, indexes = ctx.cfg.retrieve, ctx["scene_indexes"]
+    scene_image_map = dict(zip(indexes.scenes["scene_id"], indexes.scenes["image_id"]))
+    for modality in ctx["read"].targets:
+        if modality not in indexes.by_modality:
+            raise ValueError(
+                f"no {modality} vectors of the stylized scenes under encoder version {ctx['identity'].version}: "
+                f"run `erg embed` first with the same embed.encoder"
+            )
+    index_types = ctx.summary["index_types"] = {m: index.index_type for m, index in indexes.by_modality.items()}
+    reports.log_scene_indexes(index_types, indexes.tunings)
+    ctx.counts["index.faiss_gpu_fallback"] = float(bool(faiss_gpu_fallbacks(index_types, conf.index)))
+    payload = ScenePayload.of(indexes.by_modality, scene_image_map)
+    transport = index_transport(ctx.spark, conf)
+    ctx.counts["index.payload_bytes"] = payload.size_bytes
+    ctx.counts["index.transport_file"] = float(transport == "file")
+    return Shipping(payload, transport, RetrievalPlan(
+        tuple(conf.types), conf.top_k, conf.min_similarity, conf.exclude_same_image, exclusion_margin(scene_image_map),
+        conf.index.use_gpu, conf.index.gpu_fallback))
+
+
+def queries_step(ctx: JobContext) -> Queries:
+    """The factual queries to search (incremental: the new ones, and the new train scenes), counted per modality."""
+    conf, corpus, increment = ctx.cfg.retrieve, ctx["read"], ctx["increment"]
+    query_filter, new_scene_ids = ctx["query_filter"], []
+    if increment is not None:
+        factual = query_captions(ctx.spark, ctx.cfg).select("caption_id", "image_id")
+        new_scenes, query_filter = split_new(corpus.stylized, factual, increment.new)
+        new_scene_ids = [r.scene_id for r in new_scenes.collect()]  # bounded by the stylized corpus
+        ctx.counts["incremental.new_scenes"] = len(new_scene_ids)
+    modalities = query_modalities(conf.types)
+    queries = factual_queries(ctx.spark, ctx.cfg, corpus.vectors, modalities, query_filter)
+    if query_filter is not None:  # a few queries, read by the search, the counts and the MERGE: read once
+        queries = queries.persist(StorageLevel.MEMORY_AND_DISK)
+    have = queries.agg(F.count(F.lit(1)).alias("queries"), F.count("text_vector").alias("text"),
+                       F.count("image_vector").alias("image")).collect()[0]
+    ctx.counts["queries"] = have["queries"]
+    if increment is not None:
+        ctx.counts["incremental.new_queries"] = have["queries"]
+    ctx.counts.update({f"queries.{m}": have[m] for m in modalities})
+    return Queries(queries, query_filter, new_scene_ids,
+                   {t: have[retrieval_modalities(t).query] for t in conf.types})
+
+
+def search_step(ctx: JobContext) -> tuple[pd.DataFrame, list[dict]]:
+    """While the indexes are shipped: the search (its Table 5 view, whose metrics are counted), the hits MERGEd into
+    ``retrievals`` and the examples; the hits and the queries are unpersisted and the indexes destroyed at its end."""
+    shipping, queries = ctx["plan"], ctx["queries"]
+    with shipped_scene_indexes(ctx.spark, ctx.cfg, shipping.payload, ctx.run_id, shipping.transport) as shipped:
+        hits = search_hits(ctx.spark, ctx.cfg, queries.frame, shipped, shipping.plan).persist(
+            StorageLevel.MEMORY_AND_DISK)
+        try:
+            table, examples = write_hits(ctx, hits, queries)
+        finally:
+            hits.unpersist()
+            queries.frame.unpersist()  # a no-op where it was not persisted
+    ctx.counts.update(table5_metrics(table))
+    return table, examples
+
+
+def write_hits(ctx: JobContext, hits: DataFrame, queries: Queries) -> tuple[pd.DataFrame, list[dict]]:
+    """The Table 5 view of ``hits``, the hits replacing the searched queries' rows, and the examples (each timed:
+    ``seconds.search``, ``.merge``, ``.examples``)."""
+    conf = ctx.cfg.retrieve
+    with step_seconds(ctx.counts, "search"):
+        per_type, per_type_style = _table5_inputs(hits, ctx["read"].stylized)
+        table = table5(per_type, per_type_style, queries.per_type, ctx.cfg.styles, conf.types)
+    with step_seconds(ctx.counts, "merge"):
+        stats = replace_hits(ctx.spark, ctx.cfg, _as_rows(ctx)(hits), queries.frame, ctx["identity"].version,
+                             few=queries.query_filter is not None)
+    ctx.counts.update({f"retrievals.{k}": float(v) for k, v in stats.items()})
+    with step_seconds(ctx.counts, "examples"):
+        examples = _examples(hits, ctx.spark, ctx.cfg, conf.examples_to_log) if conf.examples_to_log else []
+    return table, examples
+
+
+def new_scenes_step(ctx: JobContext) -> None:
+    """Incremental: the old queries against the new scenes (the new queries met the full index), merged into the
+    kept top-k."""
+    queries, corpus, shipping = ctx["queries"], ctx["read"], ctx["plan"]
+    ctx.counts.update(merge_new_scenes(
+        ctx.spark, ctx.cfg, ctx["scene_indexes"].scenes, queries.new_scene_ids, queries.query_filter, corpus.vectors,
+        shipping.plan, ctx["identity"].version, ctx.run_id, _as_rows(ctx), shipping.transport,
+        corpus.tuning_sample(ctx.spark, ctx.cfg)))
+
+
+def leakage_step(ctx: JobContext) -> None:
+    """The leakage counts (incremental: of the rows this run wrote; the rest was checked before)."""
+    count_leakage(ctx, written_only=ctx.incremental)
+
+
+def report_step(ctx: JobContext) -> None:
+    table, examples = ctx["search"]
+    table_md = reports.log_table5(ctx["identity"].version, ctx.summary["index_types"], table)
+    reports.log_retrieval_examples(examples)
+    logger.info("retrieval counts per type:\n%s", table_md)
+
+
+def watermark_step(ctx: JobContext) -> None:
+    """After the retrieval succeeded: the version of ``embeddings`` it read is its watermark."""
+    advance_watermark(ctx.cfg, "retrieve", {"embeddings": ctx["read"].embeddings_version})
+
+
+def _has_new_scenes(ctx: JobContext) -> bool:
+    return bool(ctx["queries"].new_scene_ids)
+
+
+RETRIEVE_STEPS = (Step("read", read_step), Step("scene_indexes", scene_indexes_step, timed=True),
+                  Step("plan", plan_step), Step("queries", queries_step, timed=True), Step("search", search_step),
+                  Step("new_scenes", new_scenes_step, when=_has_new_scenes), Step("leakage", leakage_step, timed=True),
+                  Step("report", report_step), Step("watermark", watermark_step))
+
+
+def retrieve(spark: SparkSession, cfg: ErgConfig, query_filter: DataFrame | None = None, *,
+             incremental: bool = False) -> dict:
+    """Search the factual queries against the stylized scenes for every configured type; returns the logged counts.
+
+    ``query_filter`` (a DataFrame with ``caption_id``) limits the factual captions searched; by default all are.
+    ``incremental`` (with a watermark of a finished retrieval; else the full search): only what ``embeddings``
+    gained since then is searched. New factual queries are searched against the full indexes; new train scenes are
+    indexed on their own, every other query is searched against that small index and its hits merged into the
+    kept top-k (ranks rewritten, hits pushed out deleted, in one MERGE); an unchanged (query, scene) pair is never
+    searched again. Nothing new: nothing is searched (``skipped`` says why). The steps (:data:`RETRIEVE_STEPS`, run
+    by :func:`jobs.runner.run_job`): read -> scene_indexes -> plan -> queries -> search -> new_scenes (incremental)
+    -> leakage -> report -> watermark.
+
+    Counts: ``queries``, ``queries.<modality>`` (with a vector of it), ``scenes`` (train split),
+    ``scenes.non_train_excluded``, ``leakage.*`` (:func:`jobs.leakage.leakage_counts`), ``index.<modality>.size``,
+    per type ``<type>.queries``, ``<type>.queries_with_hit``, ``<type>.hits``, ``<type>.hits.<style>``,
+    ``<type>.mean_similarity``; ``retrievals.inserted`` / ``.updated`` / ``.deleted``;
+    ``index.faiss_gpu_fallback`` (:func:`faiss_gpu_fallbacks`); ``index.transport_file``, ``index.payload_bytes``,
+    ``index.<modality>.without_vector``; incremental: ``incremental.new_queries``, ``incremental.new_scenes``,
+    ``incremental.new_scene_hits`` (and ``_entering``: those that reach their group's kept top-k),
+    ``retrievals.<inserted|updated|deleted>_by_new_scenes``; ``encoder_version``,
+    ``index_types`` and ``run_id``; ``seconds.<step>`` (:func:`jobs.tracking.step_seconds`): ``scene_indexes``,
+    ``queries``, ``search``, ``merge``, ``examples``, ``leakage``, ``new_scenes.search``, ``new_scenes.merge``.
+    """
+    identity = encoder_identity(encoder_spec(cfg))
+    increment = increment_since_watermark(spark, cfg, identity.version, query_filter) if incremental else None
+    if increment is not None and increment.new is None:
+        advance_watermark(cfg, "retrieve", {"embeddings": increment.version})
+        return {"skipped": "no new embeddings since the last retrieval", "encoder_version": identity.version}
+    return run_job(spark, cfg, "retrieve", RETRIEVE_STEPS, sections=("retrieve",),
+                   params={"encoder_version": identity.version, "embed.encoder.kind": cfg.embed.encoder.kind,
+                           "incremental": increment is not None}, incremental=increment is not None,
+                   inputs={"identity": identity, "increment": increment, "query_filter": query_filter})
