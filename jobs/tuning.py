@@ -33,10 +33,12 @@ import pandas as pd
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
+from jobs.cells import (Cell, fit_independent_classifier, load_data, measure_leakage, score_cells, train_cells,
+                        with_captioner)
 from jobs.config import ErgConfig, get_setting, with_setting
-from jobs.experiment import Cell, fit_independent_classifier, load_data, measure_leakage, score_cells, train_cells
 from jobs.tables import read_table
 from jobs.tracking import log_counts
+from jobs.train import check_hparams
 from models.experiment_report import cider_gain_percent
 
 logger = logging.getLogger(__name__)
@@ -145,15 +147,12 @@ def run_tuning(spark: SparkSession, cfg: ErgConfig, styles: list[str], generator
     import mlflow
     from mlflow.tracking import MlflowClient
 
-    from jobs.experiment import _with_captioner
-    from jobs.train import check_hparams
-
     e, t = cfg.experiment, cfg.experiment.tuning
     seed = t.seed if t.seed is not None else e.seeds[0]
     tuning_styles = list(t.styles or styles)
     for key, values in t.knobs.items():  # every value's captioner recipe is checked before anything trains
         for value in values:
-            check_hparams(_with_captioner(with_setting(cfg, key, value), t.captioner))
+            check_hparams(with_captioner(with_setting(cfg, key, value), t.captioner))
     grader = fit_independent_classifier(spark, cfg, tuning_styles, folder / "independent_classifier_tuning")
     lap("tuning.independent_classifier")
     stylized = read_table(spark, cfg, "stylized_captions")
