@@ -26,17 +26,20 @@ import hashlib
 import json
 import logging
 import math
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 import pandas as pd
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from jobs.cells import (Cell, ExperimentData, fit_independent_classifier, load_data, measure_leakage, score_cells,
+                        train_cells, with_captioner)
 from jobs.config import ErgConfig, get_setting, with_setting
-from jobs.experiment import Cell, fit_independent_classifier, load_data, measure_leakage, score_cells, train_cells
 from jobs.tables import read_table
 from jobs.tracking import log_counts
+from jobs.train import check_hparams
 from models.experiment_report import cider_gain_percent
 
 logger = logging.getLogger(__name__)
@@ -136,17 +139,226 @@ def _cell_metrics(row: dict[str, Any]) -> dict[str, Any]:
     return {k: row.get(k) for k in keep}
 
 
+@dataclass
+class Sweep:
+    """The sweep's inputs and what it has gathered so far: the datasets by their scene features
+    (:func:`_features_key`), the scored cells by label, their captions, the cell counts and leakage counts, the
+    values chosen so far (``chosen``: those that differ from the conf's) and each knob's section of the result."""
+
+    spark: SparkSession
+    cfg: ErgConfig
+    styles: list[str]
+    generator_version: str | None
+    generator: dict[str, Any]
+    classifiers: dict[str, Any]
+    parent_id: str
+    lap: Callable[[str], None]
+    seed: int
+    grader: dict[str, Any] | None
+    stylized: DataFrame
+    client: Any = None
+    datasets: dict[str, dict[str, Any]] = field(default_factory=dict)
+    scored: dict[str, dict[str, Any]] = field(default_factory=dict)
+    hypotheses: list[pd.DataFrame] = field(default_factory=list)
+    counts: dict[str, float] = field(default_factory=dict)
+    leakage: dict[str, int] = field(default_factory=dict)
+    chosen: dict[str, Any] = field(default_factory=dict)
+    chosen_values: dict[str, Any] = field(default_factory=dict)
+    knobs: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def tuning(self):
+        return self.cfg.experiment.tuning
+
+
+def tuning_cell(sweep: Sweep, style: str, variant: str, settings: dict[str, Any]) -> Cell:
+    """The tuning cell of ``style`` trained on the ``variant`` pairs (original / augmented) with ``settings``."""
+    return Cell(style, sweep.tuning.captioner, f"{VARIANT_PREFIX}{variant}:{settings_id(settings)}", None,
+                1.0 if variant == "augmented" else 0.0, None, sweep.seed)
+
+
+def val_pool(sweep: Sweep, data: ExperimentData) -> tuple[dict[str, int], dict[str, str]]:
+    """Each tuning style's augmented pool (capped as Table 2's), and why a style has none."""
+    e, t = sweep.cfg.experiment, sweep.tuning
+    pool, reasons = {}, {}
+    for style in sweep.styles:
+        n_orig = data.available.get((style, "original"), 0)
+        n_aug = data.available.get((style, "augmented"), 0)
+        n_val = data.test_counts.get(style, 0)
+        if n_orig and n_aug and n_val >= t.min_val_images:
+            pool[style] = min(n_aug, e.max_augmented_pairs or 10 ** 12)
+        else:
+            reasons[style] = (f"scene features exist for {n_orig} original and {n_aug} augmented train pairs and "
+                              f"{n_val} val images (at least 1, 1 and {t.min_val_images} needed)")
+    return pool, reasons
+
+
+def dataset(sweep: Sweep, point_cfg: ErgConfig) -> dict[str, Any]:
+    """The train pairs and val images under ``point_cfg``'s scene features (built once per features key), their
+    pools, and the leakage counts they add."""
+    key = _features_key(point_cfg)
+    if key in sweep.datasets:
+        return sweep.datasets[key]
+    data = load_data(sweep.spark, point_cfg, sweep.styles, sweep.generator_version, split="val")
+    pool, reasons = val_pool(sweep, data)
+    leakage = sweep.leakage
+    if pool:
+        for k, v in measure_leakage(sweep.spark, point_cfg, data, pool, tables=False).items():
+            leakage[k] = leakage.get(k, 0) + v
+    scored_images = data.tests_ok.select("image_id").distinct()
+    leakage["scored_images_not_val"] = leakage.get("scored_images_not_val", 0) + scored_images.join(
+        sweep.stylized.where(F.coalesce(F.col("split"), F.lit("")) != "val").select("image_id"), "image_id",
+        "left_semi").count()
+    sweep.datasets[key] = {"data": data, "pool": pool, "reasons": reasons, "val_images": dict(data.test_counts)}
+    sweep.lap("tuning.features")
+    return sweep.datasets[key]
+
+
+def knob_points(sweep: Sweep, key: str, values: list[Any]) -> list[dict[str, Any]]:
+    """Each value of the knob ``key`` (the knobs before it at their chosen values): the settings of its augmented
+    cells and of its original cells (without the knobs of :data:`ORIGINAL_INVARIANT`), with their confs."""
+    cfg, points = sweep.cfg, []
+    for value in values:
+        settings = differing(cfg, {**sweep.chosen, key: value})
+        original = {k: v for k, v in settings.items() if k not in ORIGINAL_INVARIANT}
+        points.append({"value": value, "settings": settings, "original_settings": original,
+                       "cfg": apply_settings(cfg, settings), "original_cfg": apply_settings(cfg, original)})
+    return points
+
+
+def group_cells(sweep: Sweep, members: list[dict[str, Any]], pool: dict[str, int]
+                ) -> tuple[dict[str, Cell], dict[str, ErgConfig], dict[str, dict[str, Any]]]:
+    """The cells of a group of points not scored yet, by label, with each one's conf and settings."""
+    cells: dict[str, Cell] = {}
+    confs: dict[str, ErgConfig] = {}
+    tags: dict[str, dict[str, Any]] = {}
+    for point in members:
+        for style in pool:
+            for variant, settings, point_cfg in (("original", point["original_settings"], point["original_cfg"]),
+                                                 ("augmented", point["settings"], point["cfg"])):
+                cell = tuning_cell(sweep, style, variant, settings)
+                if cell.label not in sweep.scored and cell.label not in cells:
+                    cells[cell.label], confs[cell.label], tags[cell.label] = cell, point_cfg, settings
+    return cells, confs, tags
+
+
+def score_group(sweep: Sweep, members: list[dict[str, Any]]) -> None:
+    """Train and score on the val images the cells of points that share their scene features and decoding; each
+    cell's child run is tagged ``erg.tuning`` and with its settings."""
+    group_cfg = members[0]["cfg"]
+    ds = dataset(sweep, group_cfg)
+    cells, confs, tags = group_cells(sweep, members, ds["pool"])
+    if not cells:
+        return
+    trained = train_cells(sweep.spark, group_cfg, list(cells.values()), ds["data"], ds["pool"], sweep.parent_id,
+                          lambda stage: sweep.lap(f"tuning.{stage}"), sweep.counts, conf_of=lambda c: confs[c.label])
+    measured = [s for s in sweep.styles if any(c.style == s for c in cells.values())]
+    rows, _, got = score_cells(sweep.spark, group_cfg, trained, ds["data"], measured, sweep.classifiers["path"],
+                               sweep.generator["lm_path"], sweep.grader, metric_prefix="val.")
+    sweep.hypotheses.append(got)
+    for row in rows:
+        name = f"{row['style']}/{row['captioner']}/{row['variant']}#seed={row['seed']}"
+        sweep.scored[name] = row
+        sweep.client.set_tag(row["run_id"], "erg.tuning", "val")
+        sweep.client.set_tag(row["run_id"], "erg.tuning_settings", json.dumps(tags[name], default=str)[:5000])
+    sweep.lap("tuning.decode_and_score")
+
+
+def point_result(sweep: Sweep, point: dict[str, Any]) -> dict[str, Any]:
+    """One value's val metrics and deltas per tuning style (a style without both cells: why), and their means."""
+    ds = sweep.datasets[_features_key(point["cfg"])]
+    per_style: dict[str, dict[str, Any]] = {}
+    missing: dict[str, str] = {}
+    for style in sweep.styles:
+        before = sweep.scored.get(tuning_cell(sweep, style, "original", point["original_settings"]).label)
+        after = sweep.scored.get(tuning_cell(sweep, style, "augmented", point["settings"]).label)
+        if before is None or after is None:
+            missing[style] = ds["reasons"].get(style, "not scored")
+            continue
+        per_style[style] = {"original": _cell_metrics(before), "augmented": _cell_metrics(after),
+                            **style_deltas(before, after)}
+    return {"value": point["value"], "settings_id": settings_id(point["settings"]),
+            "styles": per_style, "not_measured": missing, **value_summary(per_style)}
+
+
+def choose_knob(sweep: Sweep, key: str, values: list[Any], results: list[dict[str, Any]]) -> None:
+    """The value of ``key`` the criterion chooses among ``results``, recorded in the sweep with the knob's
+    section of the result."""
+    t, cfg = sweep.tuning, sweep.cfg
+    # a style that no value measures cannot tell the values apart and is left out of the comparison; a value
+    # that leaves out a style another value measures is not chosen
+    compared = [s for s in sweep.styles if any(s in r["styles"] for r in results)]
+    for r in results:
+        r["eligible"] = bool(compared) and all(s in r["styles"] for s in compared)
+    index, why = choose_value(results, t.criterion, t.max_cider_drop)
+    if index is not None:
+        sweep.chosen[key] = values[index]
+    sweep.chosen_values[key] = values[index] if index is not None else get_setting(cfg, key)
+    for i, r in enumerate(results):
+        r["chosen"] = i == index
+    sweep.knobs.append({"key": key, "values": list(values), "conf_value": get_setting(cfg, key), "styles": compared,
+                        "chosen": sweep.chosen_values[key], "chosen_by": "criterion" if index is not None else "conf",
+                        "why": why, "results": results})
+    logger.info("tuning: %s = %r (%s)", key, sweep.chosen_values[key], why)
+
+
+def sweep_knob(sweep: Sweep, key: str, values: list[Any]) -> None:
+    """One knob: its values' cells trained and scored (grouped by scene features and decoding), one chosen."""
+    points = knob_points(sweep, key, values)
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for point in points:
+        groups.setdefault((_features_key(point["cfg"]), _decoding_key(point["cfg"])), []).append(point)
+    for members in groups.values():
+        score_group(sweep, members)
+    choose_knob(sweep, key, values, [point_result(sweep, point) for point in points])
+
+
+def sweep_result(sweep: Sweep) -> dict[str, Any]:
+    """The experiment's ``tuning`` section."""
+    t = sweep.tuning
+    return {
+        "split": "val", "test_scored": False,
+        "statement": "every setting below was chosen on the val split before Table 2; no test image was captioned "
+                     "or scored for it, and the tuning cells train on the train split only",
+        "captioner": t.captioner, "seed": sweep.seed, "styles": sweep.styles,
+        "criterion": {"name": t.criterion, "max_cider_drop": t.max_cider_drop,
+                      "text": criterion_text(t.criterion, t.max_cider_drop)},
+        "knobs": sweep.knobs, "chosen": sweep.chosen_values, "cell_counts": sweep.counts, "leakage": sweep.leakage,
+        "val_images": {s: max((ds["val_images"].get(s, 0) for ds in sweep.datasets.values()), default=0)
+                       for s in sweep.styles},
+    }
+
+
+def log_sweep(sweep: Sweep) -> None:
+    """The criterion, the values and the chosen ones as params of the active (experiment) run; each value's mean
+    val deltas and its cells' val scores, the cell counts and the leakage counts as its metrics."""
+    import mlflow
+
+    t, knobs = sweep.tuning, sweep.knobs
+    mlflow.log_params({"tuning.knobs": json.dumps(dict(t.knobs), default=str)[:5000],
+                       "tuning.criterion": t.criterion, "tuning.max_cider_drop": t.max_cider_drop,
+                       "tuning.captioner": t.captioner, "tuning.seed": sweep.seed,
+                       "tuning.styles": json.dumps(sweep.styles),
+                       **{f"tuning.chosen.{k}": json.dumps(v, default=str) for k, v in sweep.chosen_values.items()},
+                       **{f"tuning.{k['key']}.v{i}": json.dumps(r["value"], default=str)
+                          for k in knobs for i, r in enumerate(k["results"])}})
+    log_counts({**{f"tuning.{k['key']}.v{i}.{d}": r[d] for k in knobs for i, r in enumerate(k["results"])
+                   for d in DELTAS if not math.isnan(r[d])},
+                **{f"tuning.{k['key']}.v{i}.{s}.{variant}.{m}": v[variant][m]
+                   for k in knobs for i, r in enumerate(k["results"]) for s, v in r["styles"].items()
+                   for variant in ("original", "augmented") for m in ("cider", "cls", "cls_independent")
+                   if v[variant][m] is not None and not math.isnan(v[variant][m])},
+                **{f"tuning.{k}": v for k, v in sweep.counts.items()},
+                **{f"tuning.leakage.{k}": v for k, v in sweep.leakage.items()}})
+
+
 def run_tuning(spark: SparkSession, cfg: ErgConfig, styles: list[str], generator_version: str | None,
                generator: dict[str, Any], classifiers: dict[str, Any], parent_id: str, folder: Path,
                lap: Callable[[str], None]) -> dict[str, Any]:
     """The sweep (module docstring). Returns ``{"result", "cfg" (``cfg`` with the chosen values), "hypotheses",
     "grader"}``; ``result`` is the experiment's ``tuning`` section. Logs the criterion, the values' val metrics and
     the chosen values on the active (experiment) run, and tags each tuning cell's child run."""
-    import mlflow
     from mlflow.tracking import MlflowClient
-
-    from jobs.experiment import with_captioner
-    from jobs.train import check_hparams
 
     e, t = cfg.experiment, cfg.experiment.tuning
     seed = t.seed if t.seed is not None else e.seeds[0]
@@ -156,144 +368,13 @@ def run_tuning(spark: SparkSession, cfg: ErgConfig, styles: list[str], generator
             check_hparams(with_captioner(with_setting(cfg, key, value), t.captioner))
     grader = fit_independent_classifier(spark, cfg, tuning_styles, folder / "independent_classifier_tuning")
     lap("tuning.independent_classifier")
-    stylized = read_table(spark, cfg, "stylized_captions")
-    datasets: dict[str, dict[str, Any]] = {}
-    scored: dict[str, dict[str, Any]] = {}
-    hypotheses: list[pd.DataFrame] = []
-    counts: dict[str, float] = {}
-    leakage: dict[str, int] = {}
-    chosen: dict[str, Any] = {}
-    chosen_values: dict[str, Any] = {}
-    knobs: list[dict[str, Any]] = []
-    client = MlflowClient()
-
-    def dataset(point_cfg: ErgConfig) -> dict[str, Any]:
-        key = _features_key(point_cfg)
-        if key in datasets:
-            return datasets[key]
-        data = load_data(spark, point_cfg, tuning_styles, generator_version, split="val")
-        pool, reasons = {}, {}
-        for style in tuning_styles:
-            n_orig = data.available.get((style, "original"), 0)
-            n_aug = data.available.get((style, "augmented"), 0)
-            n_val = data.test_counts.get(style, 0)
-            if n_orig and n_aug and n_val >= t.min_val_images:
-                pool[style] = min(n_aug, e.max_augmented_pairs or 10 ** 12)
-            else:
-                reasons[style] = (f"scene features exist for {n_orig} original and {n_aug} augmented train pairs and "
-                                  f"{n_val} val images (at least 1, 1 and {t.min_val_images} needed)")
-        if pool:
-            for k, v in measure_leakage(spark, point_cfg, data, pool, tables=False).items():
-                leakage[k] = leakage.get(k, 0) + v
-        scored_images = data.tests_ok.select("image_id").distinct()
-        leakage["scored_images_not_val"] = leakage.get("scored_images_not_val", 0) + scored_images.join(
-            stylized.where(F.coalesce(F.col("split"), F.lit("")) != "val").select("image_id"), "image_id",
-            "left_semi").count()
-        datasets[key] = {"data": data, "pool": pool, "reasons": reasons,
-                         "val_images": dict(data.test_counts)}
-        lap("tuning.features")
-        return datasets[key]
-
-    def label(style: str, variant: str, settings: dict[str, Any]) -> str:
-        return Cell(style, t.captioner, f"{VARIANT_PREFIX}{variant}:{settings_id(settings)}", None, 0.0, None,
-                    seed).label
-
+    sweep = Sweep(spark, cfg, tuning_styles, generator_version, generator, classifiers, parent_id, lap, seed, grader,
+                  read_table(spark, cfg, "stylized_captions"), MlflowClient())
     for key, values in t.knobs.items():
-        points = []
-        for value in values:
-            settings = differing(cfg, {**chosen, key: value})
-            original = {k: v for k, v in settings.items() if k not in ORIGINAL_INVARIANT}
-            points.append({"value": value, "settings": settings, "original_settings": original,
-                           "cfg": apply_settings(cfg, settings), "original_cfg": apply_settings(cfg, original)})
-        groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
-        for point in points:
-            groups.setdefault((_features_key(point["cfg"]), _decoding_key(point["cfg"])), []).append(point)
-        for members in groups.values():
-            group_cfg = members[0]["cfg"]
-            ds = dataset(group_cfg)
-            cells: dict[str, Cell] = {}
-            confs: dict[str, ErgConfig] = {}
-            tags: dict[str, dict[str, Any]] = {}
-            for point in members:
-                for style in ds["pool"]:
-                    for variant, settings, point_cfg in (("original", point["original_settings"],
-                                                          point["original_cfg"]),
-                                                         ("augmented", point["settings"], point["cfg"])):
-                        cell = Cell(style, t.captioner, f"{VARIANT_PREFIX}{variant}:{settings_id(settings)}", None,
-                                    1.0 if variant == "augmented" else 0.0, None, seed)
-                        if cell.label not in scored and cell.label not in cells:
-                            cells[cell.label], confs[cell.label], tags[cell.label] = cell, point_cfg, settings
-            if not cells:
-                continue
-            trained = train_cells(spark, group_cfg, list(cells.values()), ds["data"], ds["pool"], parent_id,
-                                  lambda stage: lap(f"tuning.{stage}"), counts, conf_of=lambda c: confs[c.label])
-            measured = [s for s in tuning_styles if any(c.style == s for c in cells.values())]
-            rows, _, got = score_cells(spark, group_cfg, trained, ds["data"], measured, classifiers["path"],
-                                       generator["lm_path"], grader, metric_prefix="val.")
-            hypotheses.append(got)
-            for row in rows:
-                name = f"{row['style']}/{row['captioner']}/{row['variant']}#seed={row['seed']}"
-                scored[name] = row
-                client.set_tag(row["run_id"], "erg.tuning", "val")
-                client.set_tag(row["run_id"], "erg.tuning_settings", json.dumps(tags[name], default=str)[:5000])
-            lap("tuning.decode_and_score")
-        results = []
-        for point in points:
-            ds = datasets[_features_key(point["cfg"])]
-            per_style: dict[str, dict[str, Any]] = {}
-            missing: dict[str, str] = {}
-            for style in tuning_styles:
-                before = scored.get(label(style, "original", point["original_settings"]))
-                after = scored.get(label(style, "augmented", point["settings"]))
-                if before is None or after is None:
-                    missing[style] = ds["reasons"].get(style, "not scored")
-                    continue
-                per_style[style] = {"original": _cell_metrics(before), "augmented": _cell_metrics(after),
-                                    **style_deltas(before, after)}
-            results.append({"value": point["value"], "settings_id": settings_id(point["settings"]),
-                            "styles": per_style, "not_measured": missing, **value_summary(per_style)})
-        # a style that no value measures cannot tell the values apart and is left out of the comparison; a value
-        # that leaves out a style another value measures is not chosen
-        compared = [s for s in tuning_styles if any(s in r["styles"] for r in results)]
-        for r in results:
-            r["eligible"] = bool(compared) and all(s in r["styles"] for s in compared)
-        index, why = choose_value(results, t.criterion, t.max_cider_drop)
-        if index is not None:
-            chosen[key] = values[index]
-        chosen_values[key] = values[index] if index is not None else get_setting(cfg, key)
-        for i, r in enumerate(results):
-            r["chosen"] = i == index
-        knobs.append({"key": key, "values": list(values), "conf_value": get_setting(cfg, key), "styles": compared,
-                      "chosen": chosen_values[key], "chosen_by": "criterion" if index is not None else "conf",
-                      "why": why, "results": results})
-        logger.info("tuning: %s = %r (%s)", key, chosen_values[key], why)
-    for ds in datasets.values():
+        sweep_knob(sweep, key, values)
+    for ds in sweep.datasets.values():
         ds["data"].unpersist()
-    result = {
-        "split": "val", "test_scored": False,
-        "statement": "every setting below was chosen on the val split before Table 2; no test image was captioned "
-                     "or scored for it, and the tuning cells train on the train split only",
-        "captioner": t.captioner, "seed": seed, "styles": tuning_styles,
-        "criterion": {"name": t.criterion, "max_cider_drop": t.max_cider_drop,
-                      "text": criterion_text(t.criterion, t.max_cider_drop)},
-        "knobs": knobs, "chosen": chosen_values, "cell_counts": counts, "leakage": leakage,
-        "val_images": {s: max((ds["val_images"].get(s, 0) for ds in datasets.values()), default=0)
-                       for s in tuning_styles},
-    }
-    mlflow.log_params({"tuning.knobs": json.dumps(dict(t.knobs), default=str)[:5000],
-                       "tuning.criterion": t.criterion, "tuning.max_cider_drop": t.max_cider_drop,
-                       "tuning.captioner": t.captioner, "tuning.seed": seed,
-                       "tuning.styles": json.dumps(tuning_styles),
-                       **{f"tuning.chosen.{k}": json.dumps(v, default=str) for k, v in chosen_values.items()},
-                       **{f"tuning.{k['key']}.v{i}": json.dumps(r["value"], default=str)
-                          for k in knobs for i, r in enumerate(k["results"])}})
-    log_counts({**{f"tuning.{k['key']}.v{i}.{d}": r[d] for k in knobs for i, r in enumerate(k["results"])
-                   for d in DELTAS if not math.isnan(r[d])},
-                **{f"tuning.{k['key']}.v{i}.{s}.{variant}.{m}": v[variant][m]
-                   for k in knobs for i, r in enumerate(k["results"]) for s, v in r["styles"].items()
-                   for variant in ("original", "augmented") for m in ("cider", "cls", "cls_independent")
-                   if v[variant][m] is not None and not math.isnan(v[variant][m])},
-                **{f"tuning.{k}": v for k, v in counts.items()},
-                **{f"tuning.leakage.{k}": v for k, v in leakage.items()}})
-    return {"result": result, "cfg": apply_settings(cfg, chosen), "grader": grader, "styles": tuning_styles,
-            "hypotheses": pd.concat(hypotheses, ignore_index=True) if hypotheses else pd.DataFrame()}
+    result = sweep_result(sweep)
+    log_sweep(sweep)
+    return {"result": result, "cfg": apply_settings(cfg, sweep.chosen), "grader": grader, "styles": tuning_styles,
+            "hypotheses": pd.concat(sweep.hypotheses, ignore_index=True) if sweep.hypotheses else pd.DataFrame()}

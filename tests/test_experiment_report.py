@@ -164,7 +164,7 @@ def test_perplexities_left_out_of_ppl_are_counted() -> None:
 
 def test_cell_epochs_follow_the_style_set_override() -> None:
     from jobs.config import ConfigError, load_config
-    from jobs.experiment import with_captioner, cell_epochs
+    from jobs.cells import cell_epochs, with_captioner
 
     cfg = load_config("test", ["train.epochs=3", "experiment.epochs={senticap: 7}"])
     assert [cell_epochs(cfg, s) for s in ("humor", "romantic", "positive", "negative")] == [3, 3, 7, 7]

@@ -266,23 +266,23 @@ def test_a_stopped_experiment_resumes_without_training_finished_cells_again(spar
     that of a run that trains everything again (``experiment.resume: false``)."""
     import importlib
 
-    experiment_job = importlib.import_module("jobs.experiment")  # the module (jobs.experiment is the function)
+    cells_job = importlib.import_module("jobs.cells")  # where train_cells launches the training
     from jobs.experiment import run_experiment
     from jobs.model_store import model_dir
 
     cfg = setup["cfg"].model_copy(deep=True)
     cfg.train.epochs = 2  # cells of their own: the fixture's (3 epochs) are not theirs to reuse
     cfg.experiment.table5.enabled = cfg.experiment.fig5.enabled = False
-    real = experiment_job.run_distributed_many
+    real = cells_job.run_distributed_many
 
     def preempted(conf, configs):
         real(conf, configs[:2])
         raise RuntimeError("preempted after two cells")
 
-    monkeypatch.setattr(experiment_job, "run_distributed_many", preempted)
+    monkeypatch.setattr(cells_job, "run_distributed_many", preempted)
     with pytest.raises(RuntimeError, match="preempted"):
         run_experiment(spark, cfg, command="stopped")
-    monkeypatch.setattr(experiment_job, "run_distributed_many", real)
+    monkeypatch.setattr(cells_job, "run_distributed_many", real)
     cells_root = model_dir(cfg, "experiment_cell", "x").parent
     finished = {p: p.stat().st_mtime_ns for p in cells_root.glob("*/model/train_summary.json")}
 
