@@ -77,6 +77,23 @@ def sample(args) -> None:
     print(f"{len(picked)} captions to label in {out.with_suffix('.jsonl')}")
 
 
+def filter_score_agreement(lines: list[dict]) -> dict:
+    """How well the fluency filter's score (``fluency``, every caption read passed it) tells the reader's labels
+    apart: the AUC (the chance that a fluent caption scores above a broken one, ties half) and, at stricter
+    thresholds, the share of the read it would keep and the fluent share among those."""
+    fluent = [r["fluency"] for r in lines if r["label"] == "fluent"]
+    broken = [r["fluency"] for r in lines if r["label"] == "broken"]
+    auc = (sum((f > b) + 0.5 * (f == b) for f in fluent for b in broken) / (len(fluent) * len(broken))
+           if fluent and broken else None)
+    stricter = {}
+    for threshold in (0.6, 0.7, 0.8):
+        kept_fluent, kept_broken = sum(f >= threshold for f in fluent), sum(b >= threshold for b in broken)
+        kept = kept_fluent + kept_broken
+        stricter[str(threshold)] = {"kept_share": kept / len(lines),
+                                    "share_fluent": kept_fluent / kept if kept else None}
+    return {"auc": auc, "at_threshold": stricter}
+
+
 def score(args) -> None:
     out = Path(args.out)
     lines = [json.loads(line) for line in out.with_suffix(".jsonl").read_text().splitlines() if line.strip()]
@@ -89,9 +106,10 @@ def score(args) -> None:
         s = styles.setdefault(r["style"], {"read": 0, "fluent": 0})
         s["read"] += 1
         s["fluent"] += r["label"] == "fluent"
-    for s in styles.values():
+    for style, s in styles.items():
         s["share_fluent"] = s["fluent"] / s["read"]
         s["meets_bar"] = s["share_fluent"] >= BAR
+        s["filter_score"] = filter_score_agreement([r for r in lines if r["style"] == style])
     meta.update({"score_command": "python " + " ".join(shlex.quote(a) for a in sys.argv), "styles": styles,
                  "meets_bar_every_style": all(s["meets_bar"] for s in styles.values())})
     out.with_suffix(".json").write_text(json.dumps(meta, indent=2) + "\n")
