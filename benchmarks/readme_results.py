@@ -106,6 +106,14 @@ def generator_lines(results: Path) -> list[str]:
         text += "; " + ", ".join(details)
     if "meets_bar" in best:
         text += "; it " + ("meets" if best["meets_bar"] else "misses") + " the bar"
+    volume = _load(results, "generator_quality_volume.json") or {}
+    at_volume = volume.get(default) or {}
+    if "pass_rate" in at_volume:
+        text += (f". At volume (`generator_quality_volume.json`, {volume['measured_candidates']:,} of the "
+                 f"{volume['run_candidates']:,} candidates of the real-data run): pass rate {at_volume['pass_rate']:.3f}, "
+                 f"repeated trigrams {at_volume['repeated_trigram_rate']:.3f}, content recall "
+                 f"{at_volume['content_recall']:.3f}, phrase uptake {at_volume['phrase_uptake']:.3f}; it "
+                 + ("meets" if at_volume.get("meets_bar") else "misses") + " the bar")
     return [text + "."]
 
 
@@ -121,6 +129,37 @@ def volume_lines(results: Path) -> list[str]:
     passed = {s: styles[s]["all"].get("passed") for s in order}
     if any(passed.values()):
         text += "; passing pairs " + ", ".join(f"{s} {passed[s] or 0:,}" for s in order)
+    return [text + "."]
+
+
+def volume_table2_lines(results: Path) -> list[str]:
+    data = _load(results, "table2_volume_nic/table2.json")
+    rows = [r for r in (data or {}).get("rows") or [] if r.get("variant") == "augmented" and "delta_cls" in r]
+    if not rows:
+        return []
+    text = ("- Table 2 at volume (`table2_volume_nic/table2.json`; NIC, 3 seeds, 10,000 augmented pairs a style; "
+            "mean over the seeds; 95% intervals in its table2.md): " + "; ".join(
+                f"{r['style']} Δcls. {_signed(r['delta_cls'])}" + (
+                    f" [{_signed(r['ci95']['delta_cls'][0])}, {_signed(r['ci95']['delta_cls'][1])}]"
+                    if isinstance(r.get("ci95"), dict) and r["ci95"].get("delta_cls") else "")
+                + f", ΔC of the means {_signed(r['delta_cider_percent'])}%" for r in rows))
+    return [text + "."]
+
+
+def fluency_lines(results: Path) -> list[str]:
+    data = _load(results, "fluency_read.json")
+    styles = (data or {}).get("styles") or {}
+    shares = {s: v["share_fluent"] for s, v in styles.items() if isinstance(v, dict) and "share_fluent" in v}
+    if not shares:
+        return []
+    order = [s for s in STYLES if s in shares] + sorted(s for s in shares if s not in STYLES)
+    read = sum(styles[s]["read"] for s in order)
+    text = (f"- Fluency (`fluency_read.json`): of {read:,} random passing captions read by a rubric written before "
+            "reading, fluent: " + ", ".join(f"{s} {_pct(shares[s])}%" for s in order))
+    bar = data.get("bar")
+    if bar is not None:
+        met = all(shares[s] >= bar for s in order)
+        text += f" ({'every style meets' if met else 'below'} the {_pct(bar)}% bar)"
     return [text + "."]
 
 
@@ -193,8 +232,8 @@ def classifier_lines(results: Path) -> list[str]:
     return [text + "."]
 
 
-SECTIONS: tuple[Callable[[Path], list[str]], ...] = (table2_lines, generator_lines, volume_lines, scale_lines,
-                                                      chaos_lines, classifier_lines)
+SECTIONS: tuple[Callable[[Path], list[str]], ...] = (table2_lines, volume_table2_lines, generator_lines, volume_lines, fluency_lines,
+                                                      scale_lines, chaos_lines, classifier_lines)
 
 
 def render(results: Path = RESULTS) -> str:
