@@ -151,7 +151,7 @@ def bad_delivery(folder: Path) -> list[dict[str, Any]]:
     images.append({"imgid": 99999, "split": "train", "filename": "", "sentences": [{"raw": "no image", "sentiment": 0}]})
     (folder / "bad_senticap.json").write_text(json.dumps({"images": images}))
     (folder / "bad_factual.txt").write_text("".join(
-        f"bad_{i:03d}.png#{j}\ta {animal} is {verb} near the {place} {('again', 'today')[j]} .\n"
+        f"99000{i:05d}_bad.jpg#{j}\ta {animal} is {verb} near the {place} {('again', 'today')[j]} .\n"
         for i, (animal, verb, place) in enumerate([("dog", "running", "water"), ("cat", "sitting", "street"),
                                                    ("man", "jumping", "field"), ("woman", "walking", "park"),
                                                    ("child", "playing", "garden")]) for j in range(2)))

@@ -20,7 +20,6 @@ import datetime as dt
 import os
 import random
 import socket
-import sys
 import threading
 import time
 import uuid
@@ -28,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from jobs import console
 from jobs.config import ErgConfig
 from jobs.errors import UserError, is_concurrent_write
 
@@ -221,7 +221,7 @@ class Lease:
                 self._renew(run_id if run_id != written_run else None)
                 written_run = run_id
             except Exception as exc:  # noqa: BLE001 - a missed beat is retried; the lease lasts ttl_s
-                print(f"erg: could not renew the run lock ({type(exc).__name__}); retrying", file=sys.stderr)
+                print(f"erg: could not renew the run lock ({type(exc).__name__}); retrying", file=console.err())
 
     def _renew(self, run_id: str | None) -> None:
         now = time.time()
@@ -236,7 +236,7 @@ class Lease:
         if updated == 0 and not self.lost:
             self.lost = True
             print("erg: WARNING: this job's run lock was taken over by another job (its lease expired); the two may "
-                  "now write the same tables", file=sys.stderr)
+                  "now write the same tables", file=console.err())
 
     def release(self) -> None:
         self._stop.set()
@@ -248,7 +248,7 @@ class Lease:
                 f"AND holder = '{self.holder.holder}'").collect())
         except Exception as exc:  # noqa: BLE001 - the row stays; the next job sees this process gone
             print(f"erg: could not release the run lock ({type(exc).__name__}: {str(exc)[:200]}); the next job takes "
-                  "it over once this process has ended", file=sys.stderr)
+                  "it over once this process has ended", file=console.err())
 
 
 def _take(spark, cfg: ErgConfig, me: Holder, previous: Holder | None) -> bool:
@@ -290,7 +290,7 @@ def acquire(spark, cfg: ErgConfig, command: str, *, wait_s: float | None = None)
             if mine:
                 took_over = f"{holder.describe(now)}: {why_dead}" if holder is not None else None
                 if took_over:
-                    print(f"erg: took over the run lock of schema {lock_key(cfg)} from {took_over}", file=sys.stderr)
+                    print(f"erg: took over the run lock of schema {lock_key(cfg)} from {took_over}", file=console.err())
                 return Lease(spark, cfg, me, took_over)
             time.sleep(random.uniform(0.1, 0.5))
             continue
@@ -302,7 +302,7 @@ def acquire(spark, cfg: ErgConfig, command: str, *, wait_s: float | None = None)
                 f"process is gone (same host) or its heartbeat is {cfg.lock.ttl_s:.0f}s old (lock.ttl_s)", holder)
         if not told:
             print(f"erg: waiting up to {deadline - now:.0f}s for the run lock of schema {lock_key(cfg)}, held by "
-                  f"{holder.describe(now)}", file=sys.stderr)
+                  f"{holder.describe(now)}", file=console.err())
             told = True
         time.sleep(max(0.1, min(cfg.lock.poll_s, deadline - now)))
 
