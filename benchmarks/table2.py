@@ -4,8 +4,12 @@ Runs the experiment (or reads a finished one by its MLflow run id) and writes
 
 - ``table2.json``: ``{"rows": [{"style", "captioner", "variant", "bleu1", "bleu3", "meteor", "cider", "cls",
   "cls_independent", "ppl", "train_pairs", ...}], "leakage": {...}, "not_measured": {STYLE: REASON},
-  "command": "...", ...}`` (Table 2's cells only: variant original / augmented; every cell, Table 5's and Fig. 5's
-  too, is in ``cells``);
+  "command": "...", "seeds": [...], "ci95": [...], "fig5_size": {...}, "ablations": {...}, "why_null": {KEY:
+  REASON}, ...}`` (Table 2's cells only: variant original / augmented; every cell, Table 5's and Fig. 5's too, is in
+  ``cells``). ``ci95`` holds what the markdown prints over the seeds, per style and captioner: each delta's 95%
+  t-interval and each variant's mean and sd per metric (:func:`models.experiment_report.table2_seed_stats`);
+  ``seeds``, ``ci95``, ``fig5_size`` and ``ablations`` are null where the experiment has none, with the reason in
+  ``why_null``;
 - ``table2.md``: the experiment's report (Table 2 layout with delta C % and delta cls., Table 5, Fig. 5's size and
   eps curves), and the plots next to it.
 
@@ -38,9 +42,30 @@ ROW_KEYS = ("style", "captioner", "variant", "bleu1", "bleu3", "meteor", "cider"
             "train_pairs", "train_pairs_original", "train_pairs_augmented", "test_images", "epochs")
 
 
+def optional_sections(result: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """``fig5_size`` (Fig. 5's size curve: captioner, styles, points) and ``ablations`` (kinds, captioner, pairs,
+    deltas with their 95% intervals) as ``table2.json`` carries them, each None where the experiment has none, with
+    the reason (second value)."""
+    fig5, ablations = result.get("fig5") or {}, result.get("ablations") or {}
+    sections: dict[str, Any] = {"fig5_size": None, "ablations": None}
+    reasons = {}
+    if fig5.get("points"):
+        sections["fig5_size"] = {k: fig5.get(k) for k in ("captioner", "styles", "points")}
+    else:
+        reasons["fig5_size"] = ("Fig. 5 was planned but no size cell was scored" if fig5 else
+                                "Fig. 5 was not planned: experiment.fig5.enabled was false or none of its style set's "
+                                "styles was measured")
+    if ablations:
+        sections["ablations"] = {k: v for k, v in ablations.items() if k != "markdown"}
+    else:
+        reasons["ablations"] = ("no ablation was measured: experiment.ablations.kinds was empty, none of its styles "
+                                "was measured, or no ablation pair was found")
+    return sections, reasons
+
+
 def write_results(result: dict[str, Any], out_dir: str | Path) -> dict[str, str]:
     """``table2.json`` and ``table2.md`` (plus the report's PNGs) from an experiment's result into ``out_dir``."""
-    from models.experiment_report import render_report, table2_rows, table2_summary
+    from models.experiment_report import render_report, table2_rows, table2_seed_stats, table2_summary
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -52,6 +77,9 @@ def write_results(result: dict[str, Any], out_dir: str | Path) -> dict[str, str]
         from models.experiment_report import caption_modes
 
         result = {**result, "modes": caption_modes(pd.read_parquet(captions))}
+    stats = table2_seed_stats(result)
+    why_null = stats.pop("why_null")
+    sections, reasons = optional_sections(result)
     table2 = [{k: row.get(k) for k in (*ROW_KEYS, "delta_cider_percent", "delta_cls", "delta_cls_independent")
                if k in row} for row in table2_rows(result["rows"])]
     data = {"rows": table2, "leakage": result["leakage"], "not_measured": result["not_measured"],
@@ -61,6 +89,8 @@ def write_results(result: dict[str, Any], out_dir: str | Path) -> dict[str, str]
             "ppl_source": result.get("ppl_source"), "generator_version": result.get("generator_version"),
             "experiment_run_id": result.get("run_id"), "seconds": result.get("seconds"),
             "stage_seconds": result.get("stage_seconds"), "summary": table2_summary(result["rows"]),
+            **stats, "interval": result.get("interval"), **sections,
+            "why_null": {**why_null, **reasons},
             "rendered_by": result.get("rendered_by"),
             "cells": [{k: row.get(k) for k in ROW_KEYS} for row in result["rows"]],
             "table5": {k: v for k, v in (result.get("table5") or {}).items() if k != "markdown"},

@@ -262,6 +262,43 @@ def _delta(row: Mapping[str, Any], key: str) -> str:
     return "-" if value is None or math.isnan(value) else f"{value:+.1f}"
 
 
+def table2_seed_stats(result: Mapping[str, Any]) -> dict[str, Any]:
+    """What :func:`render_table2` prints over the seeds, for ``table2.json``: read from the same row fields
+    (``seeds``, ``sd``, ``per_seed``, ``ci95``, computed once by the experiment), not computed again.
+
+    Returns ``{"seeds", "ci95", "why_null"}``: ``seeds`` every seed of a Table 2 cell, sorted; ``ci95`` one entry per
+    style and captioner, in the table's order: ``{"style", "captioner", "seeds" (the paired seeds), "deltas": {delta:
+    the t_interval the markdown prints in brackets ({"mean", "sd", "low", "high", "n", "excludes_zero"}, ΔC % relative,
+    Δcls. in points) with "per_seed" (the seeds' paired deltas), or None for one seed}, "metrics": {variant: {"seeds",
+    metric: {"mean", "sd", "per_seed"}}}}`` (metrics as fractions, as in ``rows``; the markdown prints mean ± sd x 100
+    except ppl.). ``seeds`` / ``ci95`` are None where the rows have no seeds / no interval, with the reason in
+    ``why_null``."""
+    rows = table2_rows(result.get("rows") or [])
+    paired = {_cell(d): d for d in result.get("deltas") or []}
+    seeds = sorted({s for r in rows for s in (r.get("seeds") or []) if s is not None})
+    cells: dict[tuple, dict[str, Any]] = {}
+    for row in rows:
+        entry = cells.setdefault((row["style"], row["captioner"]), {
+            "style": row["style"], "captioner": row["captioner"], "seeds": None, "deltas": {}, "metrics": {}})
+        entry["metrics"][row["variant"]] = {"seeds": row.get("seeds"), **{
+            m: {"mean": row.get(m), "sd": (row.get("sd") or {}).get(m), "per_seed": (row.get("per_seed") or {}).get(m)}
+            for m in METRICS}}
+        if row.get("ci95") is not None:
+            deltas = paired.get(_cell(row), {})
+            entry["seeds"] = deltas.get("seeds", row.get("seeds"))
+            entry["deltas"] = {k: None if row["ci95"].get(k) is None else
+                               {**row["ci95"][k], "per_seed": (deltas.get("per_seed") or {}).get(k)} for k in DELTAS}
+    ci95 = list(cells.values())
+    why_null = {}
+    if not seeds:
+        why_null["seeds"] = "the result's rows name no seeds (an experiment from before seeds were recorded)"
+    if not any(interval for entry in ci95 for interval in entry["deltas"].values()):
+        why_null["ci95"] = ("no Table 2 cell has two or more seeds paired with its original cell: the markdown "
+                            "prints each delta of the means without an interval")
+        ci95 = None
+    return {"seeds": seeds or None, "ci95": ci95, "why_null": why_null}
+
+
 def render_table5(rows: Sequence[Mapping[str, Any]], captioner: str, styles: Sequence[str]) -> str:
     """Table 5: the original pairs alone, each retrieval type's augmented pairs alone (+ original), all types."""
     chosen = [r for r in rows if r["captioner"] == captioner and r["style"] in styles
