@@ -211,7 +211,8 @@ def part_generate(args, work: Path, sizes: dict, rng: random.Random) -> dict:
                           "style_phrase": [rng.choice(PHRASES) for _ in factual],
                           "style": [rng.choice(STYLES) for _ in factual]})
     decoding = {"strategy": "beam", "num_beams": args.num_beams, "max_new_tokens": args.max_new_tokens,
-                "batch_size": args.generate_batch, "constraint": "none"}
+                "batch_size": args.generate_batch, "constraint": "none", "seed": args.seed,
+                "no_repeat_ngram_size": 0, "repetition_penalty": 1.0, "fast": False}  # plain beam search
     lengths = {"max_source_len": 64, "max_target_len": 48}
     result: dict[str, Any] = {"model": "GPT-2 small architecture, random weights", "config": sizes["gpt2"],
                               "decoding": decoding, "runs": {},
