@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs.runner import LAZY_IMPORTS
+from jobs.platform.runner import LAZY_IMPORTS
 
 JOBS = Path(__file__).resolve().parents[1] / "jobs"
 STAGE_JOBS = ("ingest", "extract", "embed", "retrieve", "generate", "train", "evaluate")
@@ -93,7 +93,7 @@ def test_no_private_name_is_borrowed_across_modules():
 
 @pytest.mark.parametrize("module", STAGE_JOBS + ORCHESTRATORS + EXPERIMENT_PARTS)
 def test_project_imports_at_module_top(module):
-    """Inside functions only the heavy or optional imports of :data:`jobs.runner.LAZY_IMPORTS`."""
+    """Inside functions only the heavy or optional imports of :data:`jobs.platform.runner.LAZY_IMPORTS`."""
     if module in INNER_IMPORTS_LEFT:
         pytest.skip(f"jobs/{module}.py: inner imports not moved yet")
     inner = set()
