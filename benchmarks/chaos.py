@@ -62,7 +62,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from jobs.pipeline import STAGES  # noqa: E402
-from jobs.tables import TABLES  # noqa: E402
+from jobs.platform.tables import TABLES  # noqa: E402
 
 BANNER = re.compile(r"(\d+)/(\d+) (\w+)")
 #: columns whose values differ between two correct runs: run ids, times, model versions named after a run id
@@ -247,8 +247,8 @@ class DeltaFolders:
 
     def spark(self, work: Path):
         if self._spark is None:
-            from jobs.config import load_config
-            from jobs.spark import get_spark
+            from jobs.platform.config import load_config
+            from jobs.platform.spark import get_spark
 
             cfg = load_config("test", [f"home={work / 'compare'}", "spark.driver_memory=2g",
                                        "spark.show_progress=false", "tables.schema=chaos_compare"])
@@ -291,7 +291,7 @@ def registry_check(home: Path) -> dict[str, Any]:
     path under the home that the record names is complete (:func:`_complete`). ``{"aliases", "broken"}``."""
     from mlflow import MlflowClient
 
-    from jobs.model_store import CURRENT_ALIAS, RECORD_TAG
+    from jobs.platform.model_store import CURRENT_ALIAS, RECORD_TAG
 
     uri = f"sqlite:///{home / 'mlflow.db'}"
     if not (home / "mlflow.db").exists():

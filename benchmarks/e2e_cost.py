@@ -38,9 +38,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from jobs.config import ErgConfig, load_config  # noqa: E402
 import jobs  # noqa: E402
 from jobs.pipeline import STAGES  # noqa: E402
+from jobs.platform.config import ErgConfig, load_config  # noqa: E402
 from jobs.sample import write_sample  # noqa: E402
 
 TOTAL = "total (wall)"
@@ -190,7 +190,7 @@ def main() -> None:
     warmup = size_config(args.conf, args.sizes[0], args.images, args.max_candidates, args.master,
                          schema="e2e_warmup") if args.warmup else None
 
-    from jobs.spark import get_spark
+    from jobs.platform.spark import get_spark
 
     for cfg in [*configs.values(), *([warmup] if warmup else [])]:  # before the session creates any tables
         fresh_schema(cfg)

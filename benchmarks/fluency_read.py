@@ -46,10 +46,10 @@ def sample(args) -> None:
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    from jobs.config import load_config
-    from jobs.model_store import require_current
-    from jobs.spark import get_spark
-    from jobs.tables import read_table, register_tables
+    from jobs.platform.config import load_config
+    from jobs.platform.model_store import require_current
+    from jobs.platform.spark import get_spark
+    from jobs.platform.tables import read_table, register_tables
 
     cfg = load_config(args.conf, ["spark.show_progress=false"])
     spark = get_spark(cfg)

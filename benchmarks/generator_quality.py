@@ -93,10 +93,10 @@ def from_run(args) -> None:
     hash first; none generated again): what the generator wrote at the run's volume, through the run's filters."""
     from pyspark.sql import functions as F
 
-    from jobs.config import load_config
-    from jobs.model_store import require_current
-    from jobs.spark import get_spark
-    from jobs.tables import read_table, register_tables
+    from jobs.platform.config import load_config
+    from jobs.platform.model_store import require_current
+    from jobs.platform.spark import get_spark
+    from jobs.platform.tables import read_table, register_tables
     from udfs.generation import load_vocabulary
 
     cfg = load_config(args.conf, ["spark.show_progress=false"])
@@ -149,19 +149,19 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     from pyspark.sql import functions as F
 
-    from jobs.config import load_config
     from jobs.generate import candidates, content_encoder_name, filter_options, resplit_pairs, training_pairs
-    from jobs.model_store import require_current
-    from jobs.spark import get_spark
-    from jobs.tables import read_table, scene_descriptions
+    from jobs.platform.config import load_config
+    from jobs.platform.model_store import require_current
+    from jobs.platform.spark import get_spark
+    from jobs.platform.tables import read_table, scene_descriptions
     from jobs.vocabulary import EVALUATION_CLASSIFIERS
     from models.caption_scoring import load_evaluation_classifiers
+    from models.caption_scoring import score_captions
     from models.encoders import SentenceEncoder
     from models.generator import (create_bert2bert_from_minilm, create_generator_from_config, fine_tune, generate,
                                   load_generator)
-    from models.trigram_lm import StyleLanguageModels
-    from models.caption_scoring import score_captions
     from models.phrase_transfer import load_propensity
+    from models.trigram_lm import StyleLanguageModels
     from udfs.generation import load_vocabulary, score_candidates, transfer_phrases
 
     cfg = load_config(args.conf)

@@ -46,8 +46,8 @@ def clustered_unit_vectors(rng: np.random.Generator, count: int, dim: int, centr
 
 
 def spark_session(master: str, home: str):
-    from jobs.config import load_config
-    from jobs.spark import get_spark
+    from jobs.platform.config import load_config
+    from jobs.platform.spark import get_spark
 
     os.environ.setdefault("ERG_HOME", home)
     cfg = load_config("local", [f"spark.master={master}", "spark.show_progress=false", "spark.driver_memory=3g",

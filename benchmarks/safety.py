@@ -194,7 +194,7 @@ PARTS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
 
 
 def _config(args: argparse.Namespace):
-    from jobs.config import load_config
+    from jobs.platform.config import load_config
 
     os.environ["ERG_HOME"] = str(args.home)
     return load_config(args.conf, args.overrides)

@@ -4,7 +4,7 @@
 subprocesses on the generated sample (each scenario in a home of its own under ``work_dir``):
 
 - **concurrency.** Three processes started together on one empty home: two ``erg run`` (``lock.wait_s`` 0) and one
-  ``erg run --incremental --set lock.wait_s=<long>``. One takes the schema's run lock (:mod:`jobs.lock`); a
+  ``erg run --incremental --set lock.wait_s=<long>``. One takes the schema's run lock (:mod:`jobs.platform.lock`); a
   non-waiting one that finds it held exits 2 with a message naming the holder; the waiting one runs after it (an
   incremental run: nothing left to do, or the whole run when it got the lock first). Every table is then compared
   with a serial ``erg run``'s in a home of its own (:func:`benchmarks.chaos.compare_tables`).
@@ -161,7 +161,7 @@ def bad_delivery(folder: Path) -> list[dict[str, Any]]:
 
 def _bad_conf(home: Path, folder: Path) -> Path:
     """A conf file: the run's conf, with the sample's sources and the bad delivery listed as ingest.sources."""
-    from jobs.config import load_config
+    from jobs.platform.config import load_config
     from jobs.sample import sample_sources
 
     os.environ["ERG_HOME"] = str(home)

@@ -34,7 +34,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks.chaos import COMPARE_KEYS, VOLATILE, DeltaFolders  # noqa: E402
-from jobs.tables import TABLES  # noqa: E402
+from jobs.platform.tables import TABLES  # noqa: E402
 
 DECIMALS = 4
 

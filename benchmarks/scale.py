@@ -289,7 +289,7 @@ def search_settings(index, args, max_nprobe: int | None = None) -> list:
 
 
 def part_retrieval(args) -> dict:
-    from jobs.config import load_config
+    from jobs.platform.config import load_config
     from models.scene_index import build_scene_index
 
     conf = load_config("local").retrieve.index
@@ -337,7 +337,7 @@ def part_retrieval(args) -> dict:
 
 DESCRIPTION_ID_PREFIX = "desc-"
 """Caption ids of the scene descriptions that ``retrieve.train_descriptions_as_queries`` embeds as factual items
-(:func:`jobs.tables.query_captions`): scenes here, not factual queries."""
+(:func:`jobs.platform.tables.query_captions`): scenes here, not factual queries."""
 
 
 def home_vectors(home: Path, schema: str, encoder_version: str | None) -> dict[str, Any]:
@@ -345,8 +345,8 @@ def home_vectors(home: Path, schema: str, encoder_version: str | None) -> dict[s
     (``deltalake``) where it is installed, else with Spark: ``scenes`` (the stylized captions and the scene
     descriptions), ``queries`` (the factual captions of P), the encoder version and how they were read."""
     os.environ["ERG_HOME"] = str(home.resolve())
-    from jobs.config import load_config
-    from jobs.tables import table_location
+    from jobs.platform.config import load_config
+    from jobs.platform.tables import table_location
 
     cfg = load_config("local", {"tables": {"schema": schema}})
     location = table_location(cfg, "embeddings")
@@ -357,8 +357,8 @@ def home_vectors(home: Path, schema: str, encoder_version: str | None) -> dict[s
         frame = DeltaTable(location).to_pandas(columns=columns, filters=[("modality", "=", "text")])
         reader = f"deltalake (delta-rs) at {location}"
     except ImportError:
-        from jobs.spark import get_spark
-        from jobs.tables import read_table
+        from jobs.platform.spark import get_spark
+        from jobs.platform.tables import read_table
 
         frame = read_table(get_spark(cfg), cfg, "embeddings").where("modality = 'text'").select(*columns).toPandas()
         reader = f"Spark, table {cfg.tables.schema_name}.embeddings"
@@ -420,7 +420,7 @@ def retrieval_real(args, real: dict[str, Any]) -> dict:
     IVF ladders against exact flat search, all timed in this run (see the module docstring)."""
     import faiss
 
-    from jobs.config import load_config
+    from jobs.platform.config import load_config
     from models.scene_index import (
         EF_SEARCH_LADDER,
         NPROBE_LADDER,
@@ -565,7 +565,7 @@ def _setting_name(kind: str, params: dict[str, int]) -> str:
 
 # -------------------------------------------------------------------------------------------------------- sizes
 def size_config(args, size: int, master: str, schema: str | None = None):
-    from jobs.config import load_config
+    from jobs.platform.config import load_config
 
     schema = schema or f"scale_{size}"
     overrides = {
@@ -594,7 +594,7 @@ def copy_factual_vectors(spark, cfg, source_cfg) -> int:
     (same encoder version); returns the rows inserted. All in Spark: nothing goes to the driver."""
     from pyspark.sql import functions as F
 
-    from jobs.tables import merge_rows, read_table
+    from jobs.platform.tables import merge_rows, read_table
     from jobs.vocabulary import encoder_spec
     from udfs.embedding import encoder_identity
 
@@ -618,7 +618,7 @@ def warm_up(args, master: str, size: int) -> None:
     from benchmarks.e2e_cost import fresh_schema as fresh
     import jobs
     from jobs.sample import write_sample
-    from jobs.spark import get_spark
+    from jobs.platform.spark import get_spark
 
     warm = size_config(args, size, master, schema="scale_warmup")
     fresh(warm)
@@ -633,8 +633,8 @@ def part_sizes(args, master: str) -> tuple[dict, dict]:
     from benchmarks.e2e_cost import fresh_schema as fresh
     import jobs
     from jobs.sample import write_sample
-    from jobs.spark import get_spark
-    from jobs.tables import read_table
+    from jobs.platform.spark import get_spark
+    from jobs.platform.tables import read_table
 
     configs = {n: size_config(args, n, master) for n in args.sizes}
     for cfg in configs.values():
@@ -686,7 +686,7 @@ def one_percent_new(cfg, factual_now: int) -> tuple[list, int, int]:
     stylized images). Returns (sources, new factual, new stylized)."""
     import random
 
-    from jobs.config import IngestSource
+    from jobs.platform.config import IngestSource
     from jobs.sample import HUMOR_PHRASES, factual_caption, sample_scene
 
     root = Path(cfg.sample.dir) / "new"
@@ -718,8 +718,8 @@ def one_percent_new(cfg, factual_now: int) -> tuple[list, int, int]:
 
 def part_incremental(args, master: str, sizes_result: dict) -> dict:
     import jobs
+    from jobs.platform.spark import get_spark
     from jobs.sample import sample_sources
-    from jobs.spark import get_spark
 
     size = args.incremental_size
     full = sizes_result.get(str(size))
@@ -759,10 +759,10 @@ def part_generate(args) -> dict:
     from pyspark.sql import functions as F
     from pyspark.sql.types import StructType
 
-    from jobs.config import load_config
     from jobs.generate import candidates, decoding_options
-    from jobs.model_store import require_current
-    from jobs.spark import get_spark
+    from jobs.platform.config import load_config
+    from jobs.platform.model_store import require_current
+    from jobs.platform.spark import get_spark
     from models.generator import generate, load_generator
     from udfs.generation import make_generator, transfer_phrases
 
@@ -913,8 +913,8 @@ def main() -> None:
         record("retrieval_real", part_retrieval_real(args))
     cluster_parts = [p for p in parts if p in ("embed", "sizes", "incremental")]
     if cluster_parts:
-        from jobs.spark import get_spark
-        from jobs.standalone_cluster import start_cluster
+        from jobs.platform.spark import get_spark
+        from jobs.platform.standalone_cluster import start_cluster
 
         args.home.mkdir(parents=True, exist_ok=True)
         os.environ["ERG_HOME"] = str(args.home.resolve())

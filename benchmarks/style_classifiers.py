@@ -188,7 +188,7 @@ def part_finetune(data: dict, args) -> dict:
 
 
 def _set_conf(style_set: str):
-    from jobs.config import load_config
+    from jobs.platform.config import load_config
 
     cfg = load_config("local")
     return cfg.style_sets[style_set], cfg.extract.classifier_for(style_set), cfg.extract

@@ -111,7 +111,7 @@ def load_result(cfg, run_id: str) -> dict[str, Any]:
     """The result a finished experiment logged (``report/experiment.json`` of its MLflow run)."""
     import mlflow
 
-    from jobs.tracking import configure_mlflow
+    from jobs.platform.tracking import configure_mlflow
 
     configure_mlflow(cfg)
     local = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path="report")
@@ -129,7 +129,7 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/results")
     args = parser.parse_args()
 
-    from jobs.config import load_config
+    from jobs.platform.config import load_config
 
     cfg = load_config(args.conf, args.overrides)
     if args.run_id:
@@ -138,7 +138,7 @@ def main() -> None:
         result["rendered_by"] = " ".join(shlex.quote(a) for a in ["python", "benchmarks/table2.py", *sys.argv[1:]])
     else:
         import jobs
-        from jobs.spark import get_spark
+        from jobs.platform.spark import get_spark
 
         command = " ".join(shlex.quote(a) for a in ["python", "benchmarks/table2.py", *sys.argv[1:]])
         home = os.environ.get("ERG_HOME")

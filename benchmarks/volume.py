@@ -33,8 +33,8 @@ def measure(spark, cfg) -> dict:
     """The yield tables (Spark aggregations; only the per-style counts reach the driver)."""
     from pyspark.sql import functions as F
 
-    from jobs.model_store import get_current
-    from jobs.tables import DESCRIPTION_QUERY_SOURCE, query_captions, read_table
+    from jobs.platform.model_store import get_current
+    from jobs.platform.tables import DESCRIPTION_QUERY_SOURCE, query_captions, read_table
 
     queries = query_captions(spark, cfg).select(F.col("caption_id").alias("query_id"), "source")
     source = F.when(F.col("source") == DESCRIPTION_QUERY_SOURCE, "train_descriptions").otherwise("P")
@@ -102,9 +102,9 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/results/volume")
     parser.add_argument("--set", action="append", default=[], help="conf overrides, key=value")
     args = parser.parse_args()
-    from jobs.config import load_config
-    from jobs.spark import get_spark
-    from jobs.tables import register_tables
+    from jobs.platform.config import load_config
+    from jobs.platform.spark import get_spark
+    from jobs.platform.tables import register_tables
 
     cfg = load_config(args.conf, ["spark.show_progress=false", *args.set])
     spark = get_spark(cfg)

@@ -1,1 +1,1 @@
-"""YAML configuration files (local, databricks, test), shipped as package data; validated by jobs.config."""
+"""YAML configuration files (local, databricks, test), shipped as package data; validated by jobs.platform.config."""

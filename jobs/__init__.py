@@ -3,8 +3,8 @@
 The public API is one function per ``erg`` command, under the command's name, the same function the CLI calls::
 
     import jobs
-    from jobs.config import load_config
-    from jobs.spark import get_spark
+    from jobs.platform.config import load_config
+    from jobs.platform.spark import get_spark
 
     cfg = load_config("local")
     spark = get_spark(cfg)
@@ -12,9 +12,9 @@ The public API is one function per ``erg`` command, under the command's name, th
     jobs.run(spark, cfg, incremental=True)      # ingest -> extract -> embed -> retrieve -> generate
     jobs.sql(spark, cfg, "SELECT style, count(*) FROM erg.augmented_captions GROUP BY style").show()
 
-Each is imported on first use, so ``import jobs`` (and ``import jobs.config``) imports no Spark. Most of these names
-are also the names of the modules that hold them (``jobs.ingest`` the module holds ``ingest`` the function): on the
-package the name is the function; reach a module with ``from jobs.<module> import ...`` or
+Each is imported on first use, so ``import jobs`` (and ``import jobs.platform.config``) imports no Spark. Most of
+these names are also the names of the modules that hold them (``jobs.ingest`` the module holds ``ingest`` the
+function): on the package the name is the function; reach a module with ``from jobs.<module> import ...`` or
 ``importlib.import_module("jobs.<module>")``, not ``import jobs.<module> as m``.
 """
 from __future__ import annotations

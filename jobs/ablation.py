@@ -27,11 +27,11 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from jobs.config import ErgConfig
-from jobs.generate import (CANDIDATE_COLUMNS, PHRASE_COLUMNS, VISUAL_CONTEXT_COLUMNS, apply_generator,
-                           ddl_of, score_generated, train_scene_phrases)
-from jobs.model_store import model_dir
-from jobs.tables import read_table
+from jobs.generate import (CANDIDATE_COLUMNS, PHRASE_COLUMNS, VISUAL_CONTEXT_COLUMNS, apply_generator, ddl_of,
+                           score_generated, train_scene_phrases)
+from jobs.platform.config import ErgConfig
+from jobs.platform.model_store import model_dir
+from jobs.platform.tables import read_table
 from udfs.generation import make_grafter
 
 logger = logging.getLogger(__name__)

@@ -24,18 +24,18 @@ import pandas as pd
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from jobs.config import ErgConfig
 from jobs.evaluate import evaluation_pairs, nonfinite_perplexities, style_scores
 from jobs.extract import factual_pool, read_factual_for_classifiers, read_stylized
 from jobs.leakage import leakage_counts
-from jobs.model_store import model_dir
-from jobs.readers import stable_id
+from jobs.platform.config import ErgConfig
+from jobs.platform.model_store import model_dir
+from jobs.platform.spark import default_parallelism, spread_tasks
+from jobs.platform.tables import read_table
+from jobs.platform.tracking import configure_mlflow, job_run, log_counts
 from jobs.reports import log_loss_curve
 from jobs.scene_features import feature_leaks, scene_features
-from jobs.spark import default_parallelism, spread_tasks
-from jobs.tables import read_table
-from jobs.tracking import configure_mlflow, job_run, log_counts
 from jobs.train import SUMMARY_FILE, run_distributed_many, snapshot_config, worker_config
+from readers.corpora import stable_id
 from udfs.captioning import HYPOTHESIS_DDL, make_captioner_evaluator
 from udfs.grading import GRADE_DDL, make_grader
 

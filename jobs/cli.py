@@ -10,16 +10,16 @@ Examples::
     erg restore --run RUN_ID         # every table, watermark and current model back to right after that run
 
 A writing command (run, ingest, extract, embed, retrieve, generate, train, experiment, restore, sql --write) holds
-the schema's run lock while it runs (:mod:`jobs.lock`): a second one waits up to ``lock.wait_s`` and then refuses
-with exit status 2, naming the job that holds it.
+the schema's run lock while it runs (:mod:`jobs.platform.lock`): a second one waits up to ``lock.wait_s`` and then
+refuses with exit status 2, naming the job that holds it.
 
 A command prints its own lines only: one progress line per stage and a short summary table at the end (``--json``
 prints the whole result as JSON instead, for scripts); MLflow's and Spark's chatter goes to a log file under the home
-whose path is printed once (``--verbose`` shows it instead; see :mod:`jobs.console`).
+whose path is printed once (``--verbose`` shows it instead; see :mod:`jobs.platform.console`).
 
 A user error (a bad conf, a bad input file, a missing table, a step run before the one it needs; see
-:mod:`jobs.errors`) is printed as one or two lines, the problem and the fix, with exit status 2; ``--debug`` (or
-``ERG_DEBUG=1``) shows its traceback instead. Any other failure is a bug and shows its traceback (exit status 1).
+:mod:`jobs.platform.errors`) is printed as one or two lines, the problem and the fix, with exit status 2; ``--debug``
+(or ``ERG_DEBUG=1``) shows its traceback instead. Any other failure is a bug and shows its traceback (exit status 1).
 """
 from __future__ import annotations
 
@@ -29,9 +29,9 @@ import os
 import sys
 import time
 
-from jobs import console
-from jobs.config import load_config
-from jobs.errors import as_user_error
+from jobs.platform import console
+from jobs.platform.config import load_config
+from jobs.platform.errors import as_user_error
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -46,7 +46,7 @@ def _print(command: str, result: object, as_json: bool) -> None:
 
 
 def cmd_setup(cfg, args) -> dict:
-    from jobs.spark_jars import resolve_delta_jars
+    from jobs.platform.spark_jars import resolve_delta_jars
 
     return {"jars": resolve_delta_jars(cfg.spark.jars_dir, quiet=False)}
 
@@ -59,7 +59,7 @@ def cmd_sample(cfg, args) -> dict:
 
 def cmd_ingest(cfg, args) -> dict:
     from jobs.ingest import ingest, summary_lines
-    from jobs.spark import get_spark
+    from jobs.platform.spark import get_spark
 
     spark = get_spark(cfg)
     with console.stage("ingest") as stage:
@@ -74,7 +74,7 @@ def cmd_ingest(cfg, args) -> dict:
 
 def cmd_extract(cfg, args) -> dict:
     from jobs.extract import extract
-    from jobs.spark import get_spark
+    from jobs.platform.spark import get_spark
 
     spark = get_spark(cfg)
     with console.stage("extract") as stage:
@@ -84,7 +84,7 @@ def cmd_extract(cfg, args) -> dict:
 
 def cmd_embed(cfg, args) -> dict:
     from jobs.embed import embed
-    from jobs.spark import get_spark
+    from jobs.platform.spark import get_spark
 
     spark = get_spark(cfg)
     with console.stage("embed") as stage:
@@ -93,8 +93,8 @@ def cmd_embed(cfg, args) -> dict:
 
 
 def cmd_retrieve(cfg, args) -> dict:
+    from jobs.platform.spark import get_spark
     from jobs.retrieve import retrieve
-    from jobs.spark import get_spark
 
     spark = get_spark(cfg)
     with console.stage("retrieve") as stage:
@@ -104,7 +104,7 @@ def cmd_retrieve(cfg, args) -> dict:
 
 def cmd_generate(cfg, args) -> dict:
     from jobs.generate import generate_augmented
-    from jobs.spark import get_spark
+    from jobs.platform.spark import get_spark
 
     spark = get_spark(cfg)
     with console.stage("generate") as stage:
@@ -113,7 +113,7 @@ def cmd_generate(cfg, args) -> dict:
 
 
 def cmd_train(cfg, args) -> dict:
-    from jobs.spark import get_spark
+    from jobs.platform.spark import get_spark
     from jobs.train import train
 
     spark = get_spark(cfg)
@@ -124,7 +124,7 @@ def cmd_train(cfg, args) -> dict:
 
 def cmd_evaluate(cfg, args) -> dict:
     from jobs.evaluate import evaluate
-    from jobs.spark import get_spark
+    from jobs.platform.spark import get_spark
 
     spark = get_spark(cfg)
     with console.stage("evaluate") as stage:
@@ -134,7 +134,7 @@ def cmd_evaluate(cfg, args) -> dict:
 
 def cmd_experiment(cfg, args) -> dict:
     from jobs.experiment import run_experiment
-    from jobs.spark import get_spark
+    from jobs.platform.spark import get_spark
 
     result = run_experiment(get_spark(cfg), cfg)
     keep = ("run_id", "styles", "captioners", "not_measured", "leakage", "report_dir", "seconds")
@@ -153,7 +153,7 @@ def _json_value(value):
 
 def cmd_sql(cfg, args) -> None:
     from jobs import sql_fast
-    from jobs.errors import UserError
+    from jobs.platform.errors import UserError
 
     if not args.write:  # a query: DuckDB answers it where it can (no Spark, no JVM), else Spark as below
         engine, note = sql_fast.route(cfg, args.query, args.engine)
@@ -177,7 +177,7 @@ def cmd_sql(cfg, args) -> None:
         note = None
     if not args.debug:
         _quiet_query_logs()
-    from jobs.spark import get_spark
+    from jobs.platform.spark import get_spark
     from jobs.sql_access import sql
 
     df = sql(get_spark(cfg), cfg, args.query, write=args.write)  # a write without --write is refused before it runs
@@ -193,13 +193,13 @@ def cmd_sql(cfg, args) -> None:
 
 def cmd_run(cfg, args) -> dict:
     from jobs.pipeline import run_pipeline
-    from jobs.spark import get_spark
+    from jobs.platform.spark import get_spark
 
     return run_pipeline(get_spark(cfg), cfg, incremental=getattr(args, "incremental", False))
 
 
 def cmd_history(cfg, args) -> None:
-    from jobs.history import history, render_history
+    from jobs.platform.history import history, render_history
 
     rows = history(cfg, args.last)
     if args.json:
@@ -210,8 +210,8 @@ def cmd_history(cfg, args) -> None:
 
 
 def cmd_restore(cfg, args) -> dict:
-    from jobs.history import restore
-    from jobs.spark import get_spark
+    from jobs.platform.history import restore
+    from jobs.platform.spark import get_spark
 
     result = restore(get_spark(cfg), cfg, args.run)
     for table, change in result["tables"].items():
@@ -253,7 +253,7 @@ COMMANDS = {
 }
 
 #: commands that write the schema (tables, watermarks, current models): each holds the schema's run lock
-#: (jobs.lock) while it runs; ``sql`` only with --write
+#: (jobs.platform.lock) while it runs; ``sql`` only with --write
 WRITING = frozenset({"ingest", "extract", "embed", "retrieve", "generate", "train", "run", "experiment", "restore",
                      "sql"})
 
@@ -312,14 +312,14 @@ def _quiet_query_logs() -> None:
 
 
 def _schema_lock(cfg, args, argv: list[str] | None):
-    """The schema's run lock (jobs.lock) for a writing command, taken before its tables are touched (a restore
+    """The schema's run lock (jobs.platform.lock) for a writing command, taken before its tables are touched (a restore
     never waits: it refuses while another job writes); a no-op context for the others."""
     import contextlib
 
     if args.command not in WRITING or (args.command == "sql" and not args.write) or not cfg.lock.enabled:
         return contextlib.nullcontext()
-    from jobs.lock import hold
-    from jobs.spark import get_spark
+    from jobs.platform.lock import hold
+    from jobs.platform.spark import get_spark
 
     words = sys.argv[1:] if argv is None else argv
     return hold(get_spark(cfg, register=False), cfg, " ".join(["erg", *words]),

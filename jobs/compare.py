@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from jobs.config import ErgConfig
+from jobs.platform.config import ErgConfig
 from models.paper_table import TABLE2_METRICS
 
 if TYPE_CHECKING:

@@ -17,10 +17,10 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from jobs import reports
-from jobs.config import ErgConfig
-from jobs.runner import JobContext, Step, run_job
-from jobs.spark import default_parallelism, spread_tasks
-from jobs.tables import merge_rows, query_captions, read_table
+from jobs.platform.config import ErgConfig
+from jobs.platform.runner import JobContext, Step, run_job
+from jobs.platform.spark import default_parallelism, spread_tasks
+from jobs.platform.tables import merge_rows, query_captions, read_table
 from jobs.vocabulary import encoder_spec
 from udfs.embedding import (
     EMBEDDED_SCHEMA,

@@ -27,8 +27,8 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
-from jobs.config import ErgConfig
-from jobs.model_store import get_current, require_current, set_current
+from jobs.platform.config import ErgConfig
+from jobs.platform.model_store import get_current, require_current, set_current
 
 logger = logging.getLogger(__name__)
 
@@ -58,8 +58,7 @@ def eps_config(cfg: ErgConfig, eps: float) -> ErgConfig:
 def seed_models(spark: SparkSession, cfg: ErgConfig, cfg_eps: ErgConfig) -> dict[str, Any]:
     """Step 2: the main schema's classifiers as ``cfg_eps``'s current ones, each set's head selected again at
     ``cfg_eps.extract.eps``; returns ``{style_set: {"layer", "head"}}`` of the new heads."""
-    from jobs.extract import (EVALUATION_CLASSIFIERS, classifier_kind, fit_style_head, read_stylized,
-                              set_classifier_data)
+    from jobs.extract import EVALUATION_CLASSIFIERS, classifier_kind, fit_style_head, read_stylized, set_classifier_data
     from models.style_classifier import StyleClassifier
 
     set_current(cfg_eps, EVALUATION_CLASSIFIERS, require_current(cfg, EVALUATION_CLASSIFIERS, "extract"))
@@ -82,7 +81,7 @@ def run_erg_at(spark: SparkSession, cfg: ErgConfig, eps: float) -> tuple[ErgConf
     """Steps 1-3 for one eps: its conf and ``{"eps", "schema", "generator_version", "erg_run", "heads"}``
     (``erg_run`` and ``heads`` None where the schema's generator was reused)."""
     from jobs.pipeline import run_pipeline
-    from jobs.spark import get_spark
+    from jobs.platform.spark import get_spark
 
     cfg_eps = eps_config(cfg, eps)
     get_spark(cfg_eps)  # the schema and its tables

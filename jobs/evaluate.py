@@ -28,12 +28,12 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from jobs import reports
-from jobs.config import ErgConfig
-from jobs.model_store import get_current, require_current
-from jobs.runner import JobContext, Step, run_job
+from jobs.platform.config import ErgConfig
+from jobs.platform.model_store import get_current, require_current
+from jobs.platform.runner import JobContext, Step, run_job
+from jobs.platform.spark import default_parallelism, spread_tasks
+from jobs.platform.tables import read_table
 from jobs.scene_features import scene_features
-from jobs.spark import default_parallelism, spread_tasks
-from jobs.tables import read_table
 from jobs.visual_rerank import rerank_beams, rerank_report
 from jobs.vocabulary import EVALUATION_CLASSIFIERS, GENERATOR, VARIANTS, captioner_kind
 from udfs.captioning import HYPOTHESIS_DDL, make_captioner_evaluator

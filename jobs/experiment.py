@@ -58,12 +58,12 @@ from jobs.ablation import (ABLATION_PREFIX, ablation_pairs, candidates_per_style
                            summary)
 from jobs.cells import (Cell, ExperimentData, fit_independent_classifier, load_data, measure_leakage, rank_augmented,
                         score_cells, train_cells, with_captioner)
-from jobs.config import ErgConfig
 from jobs.eps_sweep import run_erg_at, sweep_values
-from jobs.model_store import get_current, model_dir, require_current
-from jobs.runner import JobContext, Step, parent_run, run_steps
+from jobs.platform.config import ErgConfig
+from jobs.platform.model_store import get_current, model_dir, require_current
+from jobs.platform.runner import JobContext, Step, parent_run, run_steps
+from jobs.platform.tracking import log_counts
 from jobs.scene_features import scene_features
-from jobs.tracking import log_counts
 from jobs.train import check_hparams
 from jobs.tuning import run_tuning
 from jobs.vocabulary import EVALUATION_CLASSIFIERS, GENERATOR

@@ -27,15 +27,15 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from jobs import reports
-from jobs.config import ClassifierConf, ErgConfig
-from jobs.model_store import get_current, log_transformers_model, model_dir, set_current
-from jobs.readers import stable_id
-from jobs.runner import JobContext, Step, run_job
-from jobs.spark import default_parallelism, spread_tasks
-from jobs.tables import merge_rows, read_table, scene_descriptions
-from jobs.tracking import StepLogger
+from jobs.platform.config import ClassifierConf, ErgConfig
+from jobs.platform.model_store import get_current, log_transformers_model, model_dir, set_current
+from jobs.platform.runner import JobContext, Step, run_job
+from jobs.platform.spark import default_parallelism, spread_tasks
+from jobs.platform.tables import merge_rows, read_table, scene_descriptions
+from jobs.platform.tracking import StepLogger
 from jobs.vocabulary import (EVALUATION_CLASSIFIERS, EvaluationClassifiersRecord, ExtractorRecord, classifier_kind,
                              record_versions)
+from readers.corpora import stable_id
 from udfs.extraction import STYLE_PHRASE_DDL, make_extractor
 
 logger = logging.getLogger(__name__)

@@ -20,12 +20,13 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from jobs import reports
-from jobs.config import ErgConfig
-from jobs.model_store import get_current, log_transformers_model, model_dir, require_current, set_current
-from jobs.runner import JobContext, Step, count_leakage, run_job
-from jobs.spark import default_parallelism, spread_tasks
-from jobs.tables import TABLES, merge_rows, query_captions, read_table
-from jobs.tracking import StepLogger
+from jobs.leakage import count_leakage
+from jobs.platform.config import ErgConfig
+from jobs.platform.model_store import get_current, log_transformers_model, model_dir, require_current, set_current
+from jobs.platform.runner import JobContext, Step, run_job
+from jobs.platform.spark import default_parallelism, spread_tasks
+from jobs.platform.tables import TABLES, merge_rows, query_captions, read_table
+from jobs.platform.tracking import StepLogger
 from jobs.vocabulary import EVALUATION_CLASSIFIERS, GENERATOR, GeneratorRecord
 from udfs.generation import SCORED_COLUMNS, make_candidate_scorer, make_generator
 from udfs.visual_relatedness import visual_options
@@ -121,8 +122,7 @@ def fit_phrase_transfer(cfg: ErgConfig, train: pd.DataFrame, held: pd.DataFrame,
 
 def build_generator(cfg: ErgConfig, train: pd.DataFrame, factual_words: list[str], out_dir) -> str:
     """The untrained (or pretrained) generator's folder, per ``generate.generator.init``."""
-    from models.generator import (create_bert2bert_from_minilm, create_generator_from_config,
-                                  create_word_level_generator)
+    from models.generator import create_bert2bert_from_minilm, create_generator_from_config, create_word_level_generator
 
     g = cfg.generate.generator
     if g.init == "word_level":

@@ -1,7 +1,7 @@
 """``erg ingest``: the corpora's files -> stylized_captions, factual_captions, images, quarantine (Delta MERGE).
 
 Parsing and the paper's protocol (splits by image, duplicates counted, P without the stylized images, whose
-factual captions become their scene descriptions) are :mod:`jobs.readers` (pure pandas); this job only turns its
+factual captions become their scene descriptions) are :mod:`readers.corpora` (pure pandas); this job only turns its
 rows into DataFrames, stamps the MLflow run id and ingest time, and MERGEs on the natural keys, so re-ingesting
 the same files adds nothing. An image already in ``stylized_captions`` keeps its split when new captions of it
 land, and its new factual captions are descriptions, not P.
@@ -36,12 +36,12 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from jobs import reports
-from jobs.config import ErgConfig, IngestSource
-from jobs.readers import ReadResult, Reader, duplicate_examples, origin_counts, prepare, stable_id, tag_rows
-from jobs.runner import JobContext, Step, run_job
+from jobs.platform.config import ErgConfig, IngestSource
+from jobs.platform.runner import JobContext, Step, run_job
+from jobs.platform.tables import TABLES, merge_rows, table_name
+from jobs.platform.watermarks import ingested_sources, record_ingested_sources
 from jobs.sample import sample_exists, sample_sources, write_sample
-from jobs.tables import TABLES, merge_rows, table_name
-from jobs.watermarks import ingested_sources, record_ingested_sources
+from readers.corpora import ReadResult, Reader, duplicate_examples, origin_counts, prepare, stable_id, tag_rows
 
 TIME_COLUMN = {"quarantine": "quarantined_at"}
 
@@ -79,8 +79,8 @@ def source_fingerprint(source: IngestSource) -> str | None:
 
 def read_sources(cfg: ErgConfig, sources: list[IngestSource],
                  known_stylized_images: set[str] | frozenset[str] = frozenset()) -> tuple[ReadResult, dict[str, dict]]:
-    """Read every source and apply the protocol (:func:`jobs.readers.prepare`); returns the rows and per-source
-    counts (:func:`jobs.readers.origin_counts`: read = kept + quarantined + duplicates)."""
+    """Read every source and apply the protocol (:func:`readers.corpora.prepare`); returns the rows and per-source
+    counts (:func:`readers.corpora.origin_counts`: read = kept + quarantined + duplicates)."""
     reader = Reader(cfg.styles, cfg.factual_label)
     total = ReadResult()
     for source in sources:
@@ -164,7 +164,7 @@ def plan_ingest(spark: SparkSession, cfg: ErgConfig, sources: list[IngestSource]
     lost = {name: c["unaccounted"] for name, c in plan.per_source.items() if c["unaccounted"]}
     if lost:  # before anything is written
         raise RuntimeError(f"ingest lost track of records (read - kept - quarantined - duplicates per source: "
-                           f"{lost}); this is a bug in jobs.readers")
+                           f"{lost}); this is a bug in readers.corpora")
     return plan
 
 

@@ -9,7 +9,7 @@ alone over one run's rows: :func:`retrievals_leakage`):
 - ``leakage.training_set_non_train_images``: rows of the ``training_set`` view in its train split (what ``erg
   train`` reads) that show a val/test image of the stylized set, or that carry a phrase of a non-train scene;
 - ``leakage.factual_stylized_overlap``: ``factual_captions`` (P) rows whose image has stylized captions;
-- ``leakage.queries_non_train_image``: queries (:func:`jobs.tables.query_captions`: P, and with
+- ``leakage.queries_non_train_image``: queries (:func:`jobs.platform.tables.query_captions`: P, and with
   ``retrieve.train_descriptions_as_queries`` the train images' scene descriptions) that show a val/test image;
 - ``leakage.augmented_non_train_image``: ``augmented_captions`` rows generated for a val/test image.
 
@@ -21,8 +21,9 @@ from __future__ import annotations
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from jobs.config import ErgConfig
-from jobs.tables import query_captions, table_name
+from jobs.platform.config import ErgConfig
+from jobs.platform.runner import JobContext
+from jobs.platform.tables import query_captions, table_name
 
 LEAKAGE_METRICS: tuple[str, ...] = (
     "leakage.retrievals_non_train_scene",
@@ -87,3 +88,11 @@ def leakage_counts(spark: SparkSession, cfg: ErgConfig) -> dict[str, int]:
             counts["leakage.queries_non_train_image"] = (
                 query_captions(spark, cfg).join(held_images, "image_id", "left_semi").count())
     return {k: int(v) for k, v in counts.items()}
+
+
+def count_leakage(ctx: JobContext, *, written_only: bool = False) -> None:
+    """A step helper of the jobs: add the leakage counts to ``ctx.counts``, over every table
+    (:func:`leakage_counts`), or (``written_only``) over the ``retrievals`` rows this run wrote
+    (:func:`retrievals_leakage`)."""
+    ctx.counts.update(retrievals_leakage(ctx.spark, ctx.cfg, ctx.run_id) if written_only
+                      else leakage_counts(ctx.spark, ctx.cfg))

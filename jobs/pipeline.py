@@ -7,16 +7,16 @@ from typing import Any, Callable
 
 from pyspark.sql import SparkSession
 
-from jobs.config import ErgConfig
-from jobs.console import stage as progress
 from jobs.embed import embed
 from jobs.extract import extract
 from jobs.generate import generate_augmented
 from jobs.ingest import ingest
+from jobs.platform.config import ErgConfig
+from jobs.platform.console import stage as progress
+from jobs.platform.runner import parent_run
+from jobs.platform.state import SCHEMA_TAG, schema_key
+from jobs.platform.tracking import log_counts, recording
 from jobs.retrieve import retrieve
-from jobs.runner import parent_run
-from jobs.state import SCHEMA_TAG, schema_key
-from jobs.tracking import log_counts, recording
 
 STAGES = ("ingest", "extract", "embed", "retrieve", "generate")
 

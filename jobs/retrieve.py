@@ -49,14 +49,15 @@ from pyspark.sql import Window
 from pyspark.sql import functions as F
 
 from jobs import reports
-from jobs.config import ErgConfig, IndexConf
-from jobs.errors import UserError
-from jobs.runner import JobContext, Step, advance_watermark, count_leakage, run_job, watermark
-from jobs.spark import has_spark_context
-from jobs.tables import append_rows, apply_changes, query_captions, read_table, table_name
-from jobs.tracking import step_seconds
+from jobs.leakage import count_leakage
+from jobs.platform.config import ErgConfig, IndexConf
+from jobs.platform.errors import UserError
+from jobs.platform.runner import JobContext, Step, advance_watermark, run_job, watermark
+from jobs.platform.spark import has_spark_context
+from jobs.platform.tables import append_rows, apply_changes, query_captions, read_table, table_name
+from jobs.platform.tracking import step_seconds
+from jobs.platform.watermarks import table_version
 from jobs.vocabulary import encoder_spec
-from jobs.watermarks import table_version
 from models.scene_index import (
     IndexTuning,
     SceneIndex,
@@ -139,7 +140,7 @@ def tuning_sample(spark: SparkSession, cfg: ErgConfig, vectors: DataFrame, modal
 
 def faiss_gpu_fallbacks(index_types: dict[str, str], conf: IndexConf) -> dict[str, str]:
     """Modality -> why its index will search on CPU although ``conf.use_gpu`` asks for a GPU (empty when it does
-    not, or every index goes to a GPU); a :class:`jobs.errors.UserError` instead with ``gpu_fallback: error``.
+    not, or every index goes to a GPU); a :class:`jobs.platform.errors.UserError` instead with ``gpu_fallback: error``.
 
     Checked on the driver, whose Faiss the GPU job cluster's executors share (one node type, one library set); an
     executor that still cannot search on a GPU falls back (with a WARNING in its log) or fails the same way.
@@ -708,8 +709,8 @@ def retrieve(spark: SparkSession, cfg: ErgConfig, query_filter: DataFrame | None
     indexed on their own, every other query is searched against that small index and its hits merged into the
     kept top-k (ranks rewritten, hits pushed out deleted, in one MERGE); an unchanged (query, scene) pair is never
     searched again. Nothing new: nothing is searched (``skipped`` says why). The steps (:data:`RETRIEVE_STEPS`, run
-    by :func:`jobs.runner.run_job`): read -> scene_indexes -> plan -> queries -> search -> new_scenes (incremental)
-    -> leakage -> report -> watermark.
+    by :func:`jobs.platform.runner.run_job`): read -> scene_indexes -> plan -> queries -> search -> new_scenes
+    (incremental) -> leakage -> report -> watermark.
 
     Counts: ``queries``, ``queries.<modality>`` (with a vector of it), ``scenes`` (train split),
     ``scenes.non_train_excluded``, ``leakage.*`` (:func:`jobs.leakage.leakage_counts`), ``index.<modality>.size``,
@@ -719,7 +720,7 @@ def retrieve(spark: SparkSession, cfg: ErgConfig, query_filter: DataFrame | None
     ``index.<modality>.without_vector``; incremental: ``incremental.new_queries``, ``incremental.new_scenes``,
     ``incremental.new_scene_hits`` (and ``_entering``: those that reach their group's kept top-k),
     ``retrievals.<inserted|updated|deleted>_by_new_scenes``; ``encoder_version``,
-    ``index_types`` and ``run_id``; ``seconds.<step>`` (:func:`jobs.tracking.step_seconds`): ``scene_indexes``,
+    ``index_types`` and ``run_id``; ``seconds.<step>`` (:func:`jobs.platform.tracking.step_seconds`): ``scene_indexes``,
     ``queries``, ``search``, ``merge``, ``examples``, ``leakage``, ``new_scenes.search``, ``new_scenes.merge``.
     """
     identity = encoder_identity(encoder_spec(cfg))

@@ -13,7 +13,7 @@ import json
 import random
 from pathlib import Path
 
-from jobs.config import ErgConfig, IngestSource
+from jobs.platform.config import ErgConfig, IngestSource
 
 SUBJECTS = ["dog", "cat", "man", "woman", "boy", "girl", "horse", "bird", "couple", "child"]
 ACTIONS = [("running", "runs"), ("sitting", "sits"), ("playing", "plays"), ("jumping", "jumps"),

@@ -36,9 +36,9 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from jobs.config import CONTEXT_SOURCES, ErgConfig
-from jobs.spark import default_parallelism, spread_tasks
-from jobs.tables import is_delta_table, read_table
+from jobs.platform.config import CONTEXT_SOURCES, ErgConfig
+from jobs.platform.spark import default_parallelism, spread_tasks
+from jobs.platform.tables import is_delta_table, read_table
 from jobs.vocabulary import image_vectors, latest_image_encoder
 
 logger = logging.getLogger(__name__)
@@ -72,7 +72,7 @@ def context_texts(spark: SparkSession, cfg: ErgConfig, sources: list[str] | None
     """``image_id, text, source, text_style, source_rank``: every text that describes an image, per source.
 
     ``text_style`` is the style of an ``other_styles`` text (null otherwise); ``source_rank`` orders the sources as
-    :data:`jobs.config.CONTEXT_SOURCES`. Texts equal to a stylized caption of the same image are not here.
+    :data:`jobs.platform.config.CONTEXT_SOURCES`. Texts equal to a stylized caption of the same image are not here.
     """
     sources = list(sources or cfg.train.visual_context.sources)
     unknown = sorted(set(sources) - set(CONTEXT_SOURCES))

@@ -19,8 +19,8 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from jobs.config import ErgConfig
-from jobs.errors import UserError
+from jobs.platform.config import ErgConfig
+from jobs.platform.errors import UserError
 from jobs.sql_fast import refusal
 
 if TYPE_CHECKING:
@@ -91,8 +91,8 @@ def check_read_only(spark: SparkSession, query: str) -> None:
 
 def table_versions(spark: SparkSession, cfg: ErgConfig) -> dict[str, int]:
     """The latest Delta version of every table of the schema that exists."""
-    from jobs.tables import TABLES, table_name
-    from jobs.watermarks import table_version
+    from jobs.platform.tables import TABLES, table_name
+    from jobs.platform.watermarks import table_version
 
     return {table: table_version(spark, cfg, table) for table in TABLES
             if spark.catalog.tableExists(table_name(cfg, table))}
@@ -103,7 +103,7 @@ def run_write(spark: SparkSession, cfg: ErgConfig, query: str):
     Delta version before and after (``version_before.<table>``, ``version_after.<table>``); returns its result."""
     import mlflow
 
-    from jobs.tracking import job_run, log_counts
+    from jobs.platform.tracking import job_run, log_counts
 
     with job_run(cfg, "sql_write", params={"statement": query[:5000]}):
         mlflow.set_tag("erg.sql_statement", query[:5000])
@@ -149,7 +149,7 @@ def run_query(cfg: ErgConfig, query: str, engine: str = "auto") -> "pd.DataFrame
                     frame[column] = frame[column].dt.tz_convert("UTC").dt.tz_localize(None)
             frame.attrs.update(engine="duckdb", note=None)
             return frame
-    from jobs.spark import get_spark
+    from jobs.platform.spark import get_spark
 
     spark = get_spark(cfg)
     check_read_only(spark, query)

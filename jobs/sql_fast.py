@@ -28,11 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from jobs.config import ErgConfig
-from jobs.errors import UserError
+from jobs.platform.config import ErgConfig
+from jobs.platform.errors import UserError
 
 READ_ONLY_WORDS = "queries (SELECT, WITH ... SELECT, VALUES, SHOW, DESCRIBE, EXPLAIN)"
-#: the tables of :data:`jobs.tables.TABLES` (listed here so that this module needs no pyspark)
+#: the tables of :data:`jobs.platform.tables.TABLES` (listed here so that this module needs no pyspark)
 TABLE_NAMES = ("stylized_captions", "factual_captions", "images", "quarantine", "style_phrases", "embeddings",
                "retrievals", "augmented_captions")
 #: first words of a statement DuckDB runs when it parses it as a SELECT
@@ -168,7 +168,8 @@ def read_delta(folder: Path):
 
 
 def _training_set_sql(schema: str) -> str:
-    """Spark's ``training_set`` view (:func:`jobs.tables.create_training_set_view`) in SQL both engines read alike."""
+    """Spark's ``training_set`` view (:func:`jobs.platform.tables.create_training_set_view`) in SQL both engines read
+    alike."""
     return f"""
         SELECT scene_id AS pair_id, image_id, image_uri, caption, style, split, 'original' AS origin, run_id,
                scene_id, CAST(NULL AS VARCHAR) AS generator_version, CAST(NULL AS VARCHAR) AS factual_caption,
@@ -218,7 +219,7 @@ def connect(cfg: ErgConfig, tables: list[str]):
     schema = cfg.tables.schema_name
     con = duckdb.connect(":memory:", config={"threads": 2})
     con.execute("SET default_null_order = 'nulls_first_on_asc_last_on_desc'")  # Spark's NULL order
-    con.execute("SET TimeZone = 'UTC'")  # spark.sql.session.timeZone of jobs.spark
+    con.execute("SET TimeZone = 'UTC'")  # spark.sql.session.timeZone of jobs.platform.spark
     con.execute(f'CREATE SCHEMA "{schema}"')
     for table in tables:
         folder = table_folder(cfg, table)

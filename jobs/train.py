@@ -34,11 +34,11 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from jobs import reports
-from jobs.config import ErgConfig
-from jobs.model_store import model_dir, set_current
-from jobs.runner import JobContext, Step, run_job
+from jobs.platform.config import ErgConfig
+from jobs.platform.model_store import model_dir, set_current
+from jobs.platform.runner import JobContext, Step, run_job
+from jobs.platform.tables import read_table
 from jobs.scene_features import SceneFeatures, scene_features
-from jobs.tables import read_table
 from jobs.vocabulary import CaptionerRecord, captioner_kind, captioner_variant
 
 logger = logging.getLogger(__name__)

@@ -36,9 +36,9 @@ from pyspark.sql import functions as F
 
 from jobs.cells import (Cell, ExperimentData, fit_independent_classifier, load_data, measure_leakage, score_cells,
                         train_cells, with_captioner)
-from jobs.config import ErgConfig, get_setting, with_setting
-from jobs.tables import read_table
-from jobs.tracking import log_counts
+from jobs.platform.config import ErgConfig, get_setting, with_setting
+from jobs.platform.tables import read_table
+from jobs.platform.tracking import log_counts
 from jobs.train import check_hparams
 from models.experiment_report import cider_gain_percent
 

@@ -18,10 +18,10 @@ import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from jobs.config import ErgConfig
-from jobs.tables import read_table
-from udfs.visual_rerank import RANKINGS, RERANK_DDL, make_beam_reranker
+from jobs.platform.config import ErgConfig
+from jobs.platform.tables import read_table
 from udfs.visual_relatedness import visual_options
+from udfs.visual_rerank import RANKINGS, RERANK_DDL, make_beam_reranker
 
 
 def rerank_beams(spark: SparkSession, cfg: ErgConfig, pairs: DataFrame, captioners: dict[str, dict[str, Any]],

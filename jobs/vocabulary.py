@@ -13,8 +13,8 @@ from typing import Any, Optional, TypedDict
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from jobs.config import ErgConfig
-from jobs.tables import read_table
+from jobs.platform.config import ErgConfig
+from jobs.platform.tables import read_table
 from udfs.embedding import EncoderSpec
 
 # ------------------------------------------------------------------------------------ model-store kinds

@@ -21,7 +21,7 @@ project_root = os.path.dirname(os.getcwd())  # the bundle's files: jobs/, models
 if project_root not in sys.path:
     sys.path.insert(0, project_root)
 
-from jobs.config import load_config  # noqa: E402
+from jobs.platform.config import load_config  # noqa: E402
 
 cfg = load_config("databricks")
 spark.catalog.setCurrentCatalog(catalog)

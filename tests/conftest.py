@@ -22,14 +22,14 @@ def erg_home(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def test_cfg(erg_home):
-    from jobs.config import load_config
+    from jobs.platform.config import load_config
 
     return load_config("test")
 
 
 @pytest.fixture(scope="session")
 def spark(test_cfg):
-    from jobs.spark import get_spark
+    from jobs.platform.spark import get_spark
 
     session = get_spark(test_cfg)
     yield session
@@ -39,7 +39,7 @@ def spark(test_cfg):
 @pytest.fixture
 def fresh_cfg(erg_home, request):
     """A test conf whose tables live in a schema of their own (named after the test), so tests don't collide."""
-    from jobs.config import load_config
+    from jobs.platform.config import load_config
 
     schema = "t_" + "".join(c if c.isalnum() else "_" for c in request.node.name)[:40].lower()
     sample_dir = erg_home / "samples" / schema

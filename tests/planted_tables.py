@@ -7,7 +7,7 @@ from pathlib import Path
 
 def append_rows(spark, cfg, table: str, frame) -> None:
     """Append pandas rows (missing nullable columns NULL) to an (empty) table of the schema."""
-    from jobs.tables import TABLES, conform, table_name
+    from jobs.platform.tables import TABLES, conform, table_name
 
     fields = TABLES[table].schema.fields
     frame = frame.assign(**{f.name: None for f in fields if f.name not in frame.columns})[[f.name for f in fields]]
@@ -19,8 +19,8 @@ def append_rows(spark, cfg, table: str, frame) -> None:
 def set_current_scoring(cfg, stylized, factual, styles: list[str], generator_version: str) -> None:
     """Evaluation classifiers (style vs factual, linear probes over MiniLM) and per-style trigram LMs (train split),
     recorded as the current ones (what ``erg extract`` / ``erg generate`` leave)."""
+    from jobs.platform.model_store import model_dir, set_current
     from jobs.vocabulary import EVALUATION_CLASSIFIERS
-    from jobs.model_store import model_dir, set_current
     from models.caption_scoring import train_evaluation_classifiers
     from models.trigram_lm import StyleLanguageModels
 

@@ -5,7 +5,7 @@ graph (ingest -> {extract, embed} -> retrieve -> generate -> train -> evaluate),
 GPU resource amounts), and every python_wheel_task's parameters parsed by the real ``erg`` parser and validated by
 the real conf loader. The wheel artifact's build command is run on a copy of the project and the wheel's entry point
 checked. The notebooks are checked for the Databricks source format, and every SQL they run is analysed by Spark
-against the schemas of jobs.tables.TABLES (and the training_set view).
+against the schemas of jobs.platform.tables.TABLES (and the training_set view).
 """
 from __future__ import annotations
 
@@ -27,8 +27,8 @@ import pytest
 import yaml
 
 from jobs.cli import COMMANDS, build_parser
-from jobs.config import conf_names, load_config
-from jobs.tables import TABLES
+from jobs.platform.config import conf_names, load_config
+from jobs.platform.tables import TABLES
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.py"))
@@ -229,7 +229,7 @@ def test_wheel_artifact_builds_with_the_erg_entry_point(tmp_path):
     assert artifact["type"] == "whl" and (ROOT / artifact["path"] / "pyproject.toml").is_file()
     project = tmp_path / "project"
     ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
-    for name in ("models", "udfs", "jobs", "conf"):
+    for name in ("models", "udfs", "readers", "jobs", "conf"):
         shutil.copytree(ROOT / name, project / name, ignore=ignore)
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, project / name)
@@ -242,8 +242,8 @@ def test_wheel_artifact_builds_with_the_erg_entry_point(tmp_path):
     (wheel,) = [w for pattern in artifact["files"] for w in glob.glob(str(project / pattern["source"]))]
     with zipfile.ZipFile(wheel) as zf:
         names = set(zf.namelist())
-        assert {"jobs/cli.py", "jobs/compare.py", "conf/databricks.yaml", "jobs/jars/pom.xml",
-                "models/style_classifier.py", "udfs/runtime.py"} <= names
+        assert {"jobs/cli.py", "jobs/compare.py", "conf/databricks.yaml", "jobs/platform/jars/pom.xml",
+                "models/style_classifier.py", "udfs/runtime.py", "readers/corpora.py"} <= names
         info = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
         assert re.search(r"^erg\s*=\s*jobs\.cli:main$", zf.read(info).decode(), re.M)
     assert Path(wheel).name.startswith("erg_on_spark-")
@@ -343,7 +343,7 @@ def test_notebook_sql_runs_on_the_erg_tables(spark, test_cfg):
     """Every notebook query, analysed on temp views of the tables' real schemas (four augmented captions in D_a)
     and the registered training_set view: the tables and columns it names exist; two of them run, with the right
     pass rates and samples."""
-    from jobs.tables import table_name
+    from jobs.platform.tables import table_name
 
     views = {name: spark.createDataFrame(_augmented_rows() if name == "augmented_captions" else [], spec.schema)
              for name, spec in TABLES.items()}

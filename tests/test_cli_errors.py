@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from jobs.cli import main
-from jobs.errors import InputFileError, MissingStepError, as_user_error
+from jobs.platform.errors import MissingStepError, as_user_error
+from readers.errors import InputFileError
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs.console import summary_table
+from jobs.platform.console import summary_table
 
 pytestmark = pytest.mark.spark
 ROOT = Path(__file__).resolve().parents[1]

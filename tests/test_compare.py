@@ -1,5 +1,5 @@
-"""``erg compare``: real MLflow runs (a tmp sqlite store, logged through jobs.tracking as the jobs log them) side by
-side: only the params that differ, metrics by section with deltas, the erg.* tags; bad input fails clearly."""
+"""``erg compare``: real MLflow runs (a tmp sqlite store, logged through jobs.platform.tracking as the jobs log them)
+side by side: only the params that differ, metrics by section with deltas, the erg.* tags; bad input fails clearly."""
 from __future__ import annotations
 
 import math
@@ -8,8 +8,8 @@ import pytest
 
 from jobs.cli import main
 from jobs.compare import compare, metric_section
-from jobs.config import load_config
-from jobs.tracking import job_run, log_counts
+from jobs.platform.config import load_config
+from jobs.platform.tracking import job_run, log_counts
 
 
 @pytest.fixture(scope="module")

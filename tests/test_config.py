@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from jobs.config import ConfigError, load_config, parse_overrides
+from jobs.platform.config import ConfigError, load_config, parse_overrides
 
 
 @pytest.mark.parametrize("name", ["local", "test", "databricks", "conf/shared_data.yaml"])
@@ -19,7 +19,7 @@ def test_confs_are_overlays_of_the_full_fidelity_schema(monkeypatch):
     import yaml
     from pathlib import Path
 
-    from jobs.config import schema_defaults
+    from jobs.platform.config import schema_defaults
 
     monkeypatch.setenv("ERG_HOME", "/tmp/erg-conf-test")
     conf = Path(__file__).resolve().parents[1] / "conf"
@@ -189,7 +189,7 @@ def test_no_conf_leaf_repeats_what_its_parent_gives(tmp_path, monkeypatch):
     import yaml
     from pathlib import Path
 
-    from jobs.config import conf_names
+    from jobs.platform.config import conf_names
 
     conf = Path(__file__).resolve().parents[1] / "conf"
     assert conf_names() == ["databricks", "local", "shared_data", "test"]
@@ -217,7 +217,7 @@ def test_no_conf_leaf_repeats_what_its_parent_gives(tmp_path, monkeypatch):
 
 def test_the_schema_holds_the_full_fidelity_defaults(monkeypatch):
     """No base conf: the schema's defaults are the paper's settings, models by name, no caps."""
-    from jobs.config import schema_defaults
+    from jobs.platform.config import schema_defaults
 
     monkeypatch.delenv("ERG_HOME", raising=False)
     cfg = schema_defaults()
@@ -294,7 +294,7 @@ def test_tuning_knobs_are_validated_as_overrides_of_the_conf():
 
 
 def test_with_setting_validates_the_whole_conf():
-    from jobs.config import get_setting, with_setting
+    from jobs.platform.config import get_setting, with_setting
 
     cfg = load_config("test", ["experiment.tuning.knobs={train.inserted_word_weight: [1, 4]}"])
     changed = with_setting(cfg, "experiment.hparams.nic.hidden_dim", 64)

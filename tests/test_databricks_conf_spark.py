@@ -43,10 +43,10 @@ def _volumes(root: Path, sample: Path) -> None:
 
 @pytest.fixture(scope="module")
 def databricks_run(spark, tmp_path_factory):
-    from jobs.config import load_config
     from jobs.pipeline import run_pipeline
+    from jobs.platform.config import load_config
+    from jobs.platform.spark import get_spark
     from jobs.sample import write_sample
-    from jobs.spark import get_spark
     from models.generator import create_generator_from_config
 
     root = tmp_path_factory.mktemp("databricks")
@@ -88,7 +88,7 @@ def test_the_shipped_conf_has_an_image_source_and_no_toy_cap(databricks_run) -> 
 
 
 def test_the_databricks_conf_runs_through_generate_on_clip_pixels(spark, databricks_run) -> None:
-    from jobs.tables import table_name
+    from jobs.platform.tables import table_name
 
     _, cfg, result = databricks_run
     images = spark.table(table_name(cfg, "images")).filter("uri is not null").collect()

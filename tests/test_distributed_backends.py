@@ -86,7 +86,7 @@ def test_mds_snapshot_is_read_by_streaming_dataset_in_two_torch_distributor_proc
     import torch
     from streaming import StreamingDataset
 
-    from jobs.config import load_config
+    from jobs.platform.config import load_config
     from jobs.train import run_distributed, worker_config, write_snapshot
     from models.captioners import greedy_decode, load_captioner
 
@@ -118,7 +118,7 @@ def test_mds_snapshot_is_read_by_streaming_dataset_in_two_torch_distributor_proc
 
 
 def _horovod_setup(tmp_path: Path) -> tuple:
-    from jobs.config import load_config
+    from jobs.platform.config import load_config
     from jobs.train import worker_config
 
     path = tmp_path / "pairs.parquet"

@@ -205,12 +205,12 @@ def test_embed_batch_reads_image_files_and_skips_only_bad_items(tiny_clip: str, 
 @pytest.fixture(scope="module")
 def pipeline(spark, erg_home) -> dict:
     """Ingest the sample into its own schema, drop one scene image's tags, embed, retrieve; then rerun both."""
-    from jobs.config import load_config
     from jobs.embed import embed
     from jobs.ingest import ingest
+    from jobs.platform.config import load_config
+    from jobs.platform.spark import get_spark
+    from jobs.platform.tables import table_name
     from jobs.retrieve import retrieve
-    from jobs.spark import get_spark
-    from jobs.tables import table_name
 
     schema = "t_embed_retrieve"
     # MiniLM embeds an image through its tags: on the sample, tags vs a stylized caption scores 0.2-0.4 (i2t, t2i

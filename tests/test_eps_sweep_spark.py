@@ -18,12 +18,12 @@ EPS = 0.5
 
 @pytest.fixture(scope="module")
 def swept(spark, erg_home) -> dict:
-    from jobs.config import load_config
     from jobs.experiment import run_experiment
-    from jobs.vocabulary import EVALUATION_CLASSIFIERS, classifier_kind
-    from jobs.model_store import get_current
     from jobs.pipeline import run_pipeline
-    from jobs.spark import get_spark
+    from jobs.platform.config import load_config
+    from jobs.platform.model_store import get_current
+    from jobs.platform.spark import get_spark
+    from jobs.vocabulary import EVALUATION_CLASSIFIERS, classifier_kind
 
     home = erg_home / "eps_sweep"
     overrides = [f"home={home}", "tables.schema=t_eps", f"sample.dir={home / 'sample'}",
@@ -46,9 +46,9 @@ def swept(spark, erg_home) -> dict:
 
 def test_the_eps_run_reuses_the_classifiers_and_extracts_at_its_eps(spark, swept) -> None:
     from jobs.eps_sweep import eps_config
+    from jobs.platform.model_store import get_current
+    from jobs.platform.tables import read_table
     from jobs.vocabulary import EVALUATION_CLASSIFIERS, classifier_kind
-    from jobs.model_store import get_current
-    from jobs.tables import read_table
     from models.style_phrases import phrase_size
 
     cfg = swept["cfg"]

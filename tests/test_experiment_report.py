@@ -129,8 +129,8 @@ def test_caption_modes_count_repeated_captions_and_whether_they_carry_the_style(
 
 
 def test_measurable_styles_names_why_a_style_is_left_out() -> None:
-    from jobs.config import load_config
     from jobs.experiment import measurable_styles, plan_experiment
+    from jobs.platform.config import load_config
 
     cfg = load_config("test", ["experiment.max_augmented_pairs=50", "experiment.min_test_images=10",
                                "experiment.captioners=[nic]", "experiment.table5.enabled=true",
@@ -163,8 +163,8 @@ def test_perplexities_left_out_of_ppl_are_counted() -> None:
 
 
 def test_cell_epochs_follow_the_style_set_override() -> None:
-    from jobs.config import ConfigError, load_config
     from jobs.cells import cell_epochs, with_captioner
+    from jobs.platform.config import ConfigError, load_config
 
     cfg = load_config("test", ["train.epochs=3", "experiment.epochs={senticap: 7}"])
     assert [cell_epochs(cfg, s) for s in ("humor", "romantic", "positive", "negative")] == [3, 3, 7, 7]

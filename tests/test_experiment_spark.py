@@ -84,8 +84,8 @@ def _plant_augmented(spark, cfg, stylized, factual) -> dict[str, int]:
 
 @pytest.fixture(scope="module")
 def setup(spark, erg_home) -> dict:
-    from jobs.config import load_config
-    from jobs.spark import get_spark
+    from jobs.platform.config import load_config
+    from jobs.platform.spark import get_spark
 
     home = erg_home / "experiment"
     overrides = [f"home={home}", "tables.schema=t_experiment", f"sample.dir={home / 'sample'}",
@@ -97,7 +97,7 @@ def setup(spark, erg_home) -> dict:
                  "experiment.fig5.sizes=[0, 0.5, 1]", "experiment.fig5.eps=[]", "experiment.samples_to_log=1", "evaluate.max_len=12"]
     cfg = load_config("test", overrides)
     get_spark(cfg)
-    from jobs.tables import register_tables
+    from jobs.platform.tables import register_tables
 
     register_tables(spark, cfg)
     loaded = _load(spark, cfg)
@@ -268,7 +268,7 @@ def test_a_stopped_experiment_resumes_without_training_finished_cells_again(spar
 
     cells_job = importlib.import_module("jobs.cells")  # where train_cells launches the training
     from jobs.experiment import run_experiment
-    from jobs.model_store import model_dir
+    from jobs.platform.model_store import model_dir
 
     cfg = setup["cfg"].model_copy(deep=True)
     cfg.train.epochs = 2  # cells of their own: the fixture's (3 epochs) are not theirs to reuse

@@ -9,10 +9,10 @@ import pytest
 
 from jobs.extract import extract, factual_pool, set_classifier_data
 from jobs.ingest import ingest
-from jobs.model_store import get_current, registered_name
+from jobs.platform.model_store import get_current, registered_name
+from jobs.platform.spark import get_spark
+from jobs.platform.tables import table_name
 from jobs.vocabulary import EVALUATION_CLASSIFIERS, classifier_kind
-from jobs.spark import get_spark
-from jobs.tables import table_name
 
 pytestmark = pytest.mark.spark
 
@@ -124,7 +124,7 @@ def test_factual_captions_for_the_classifiers_are_bounded_and_keep_the_stylized_
     from jobs.extract import read_factual_for_classifiers
     from tests.planted_tables import append_rows
 
-    from jobs.config import load_config
+    from jobs.platform.config import load_config
 
     def capped(cap: int):
         return load_config("test", [f"tables.schema={fresh_cfg.tables.schema_name}",

@@ -12,7 +12,7 @@ import faiss
 import numpy as np
 import pytest
 
-from jobs.config import ConfigError, IndexConf, load_config
+from jobs.platform.config import ConfigError, IndexConf, load_config
 from models.scene_index import (
     FaissGpuUnavailableError,
     SceneIndex,
@@ -85,7 +85,7 @@ def test_gpu_faiss_without_a_device_is_named(monkeypatch):
 # ------------------------------------------------------------------------------------------ the retrieve job
 @pytest.mark.skipif(hasattr(faiss, "StandardGpuResources"), reason="a GPU Faiss is installed here")
 def test_retrieve_counts_the_faiss_gpu_fallback_or_fails_naming_the_fix():
-    from jobs.errors import UserError
+    from jobs.platform.errors import UserError
     from jobs.retrieve import faiss_gpu_fallbacks
 
     types_ = {"text": "flat", "image": "ivf"}

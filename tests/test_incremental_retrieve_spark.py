@@ -11,9 +11,9 @@ import datetime as dt
 import numpy as np
 import pytest
 
+from jobs.platform.spark import get_spark
+from jobs.platform.tables import conform, merge_rows, table_name
 from jobs.retrieve import retrieve
-from jobs.spark import get_spark
-from jobs.tables import conform, merge_rows, table_name
 
 pytestmark = pytest.mark.spark
 

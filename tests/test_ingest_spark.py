@@ -10,9 +10,9 @@ import pytest
 from pyspark.sql import types as T
 
 from jobs.ingest import ingest
+from jobs.platform.spark import get_spark
+from jobs.platform.tables import TABLES, merge_rows, register_tables, table_location, table_name
 from jobs.sample import PLANTED_BAD_ROWS
-from jobs.spark import get_spark
-from jobs.tables import TABLES, merge_rows, register_tables, table_location, table_name
 
 pytestmark = pytest.mark.spark
 
@@ -68,7 +68,7 @@ def test_ingest_sample_quarantine_and_idempotent(spark, fresh_cfg):
     assert n_fact + n_desc == sample.factual_captions and n_desc == counts["factual_captions.excluded_stylized_image"]
     assert spark.table(table_name(cfg, "factual_captions")).join(
         spark.table(table_name(cfg, "stylized_captions")), "image_id", "left_semi").count() == 0
-    from jobs.tables import scene_descriptions
+    from jobs.platform.tables import scene_descriptions
     assert scene_descriptions(spark, cfg).count() == n_desc
     assert n_quar == sum(PLANTED_BAD_ROWS.values())
     # every record read is accounted for, per source: read = kept + quarantined + duplicates
@@ -146,7 +146,7 @@ def test_cli_rejects_bad_conf(capsys):
 def test_a_table_from_an_older_version_gains_the_new_columns(spark, fresh_cfg):
     """A later session finds a Delta table written by an older version (a column short): it is registered as it is
     and gets the new nullable column; its rows survive and read NULL there."""
-    from jobs.tables import ensure_table, table_location
+    from jobs.platform.tables import ensure_table, table_location
 
     get_spark(fresh_cfg)
     name, location = table_name(fresh_cfg, "augmented_captions"), table_location(fresh_cfg, "augmented_captions")
@@ -170,7 +170,7 @@ def test_ingest_reads_only_new_source_files(spark, fresh_cfg, tmp_path):
     in old files become scene descriptions); a table made again forgets what it held."""
     from pyspark.sql import functions as F
 
-    from jobs.config import IngestSource
+    from jobs.platform.config import IngestSource
     from jobs.sample import sample_sources
 
     cfg = fresh_cfg

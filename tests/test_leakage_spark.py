@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from jobs.leakage import LEAKAGE_METRICS, leakage_counts
-from jobs.spark import get_spark
-from jobs.tables import conform, create_training_set_view, merge_rows, table_name
+from jobs.platform.spark import get_spark
+from jobs.platform.tables import conform, create_training_set_view, merge_rows, table_name
 
 pytestmark = pytest.mark.spark
 
@@ -115,7 +115,7 @@ def test_leakage_counts_find_planted_leaks(spark, planted):
 def test_train_descriptions_are_queries_and_held_out_ones_never(spark, planted):
     """With retrieve.train_descriptions_as_queries the descriptions of train images join P as queries (ids that
     stay the same), a test or val image's never; off, the queries are P alone."""
-    from jobs.tables import DESCRIPTION_QUERY_SOURCE, query_captions
+    from jobs.platform.tables import DESCRIPTION_QUERY_SOURCE, query_captions
 
     cfg = planted.model_copy(deep=True)
     _write(spark, cfg, "images", [

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from jobs.config import load_config
-from jobs.model_store import (CURRENT_ALIAS, RECORD_TAG, current_model_name, get_current, require_current,
-                              set_current)
+from jobs.platform.config import load_config
+from jobs.platform.model_store import (CURRENT_ALIAS, RECORD_TAG, current_model_name, get_current, require_current,
+                                       set_current)
 
 
 @pytest.fixture()

@@ -8,8 +8,8 @@ import pytest
 
 from jobs.generate import generate_augmented
 from jobs.pipeline import STAGES, run_pipeline
-from jobs.spark import get_spark
-from jobs.tables import table_name
+from jobs.platform.spark import get_spark
+from jobs.platform.tables import table_name
 from models.text import caption_words
 
 pytestmark = pytest.mark.spark
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.spark
 
 @pytest.fixture(scope="module")
 def pipeline(spark, erg_home):
-    from jobs.config import load_config
+    from jobs.platform.config import load_config
 
     cfg = load_config("test", ["tables.schema=t_pipeline", f"sample.dir={erg_home / 'samples' / 't_pipeline'}"])
     get_spark(cfg)
@@ -106,7 +106,7 @@ def test_per_style_candidate_cap_is_the_same_set_every_run(spark, pipeline):
 @pytest.fixture(scope="module")
 def standalone_cluster(tmp_path_factory):
     """A Spark standalone master and two workers (one core each) from pyspark's launcher, stopped after."""
-    from jobs.standalone_cluster import start_cluster
+    from jobs.platform.standalone_cluster import start_cluster
 
     with start_cluster(tmp_path_factory.mktemp("cluster"), workers=2, cores=1, memory="2g") as cluster:
         yield cluster
@@ -125,7 +125,7 @@ def test_killed_twice_then_rerun_equals_uninterrupted(spark, pipeline, erg_home,
     import random
 
     from benchmarks.chaos import compare_tables, erg_command, run_and_kill
-    from jobs.config import load_config
+    from jobs.platform.config import load_config
 
     cfg_done, _ = pipeline
     overrides = ["tables.schema=t_killed", f"sample.dir={erg_home / 'samples' / 't_pipeline'}"]
@@ -158,7 +158,7 @@ def _bad_files(folder) -> list:
     """A SentiCap file whose captions carry the wrong sentiment (and one record with no image, quarantined) and a
     Flickr30K file of new factual captions: what a bad delivery looks like (the one benchmarks/safety.py uses)."""
     from benchmarks.safety_runs import bad_delivery
-    from jobs.config import IngestSource
+    from jobs.platform.config import IngestSource
 
     return [IngestSource(**source) for source in bad_delivery(folder)]
 
@@ -170,12 +170,12 @@ def test_restore_to_a_run_undoes_a_bad_file(spark, pipeline, erg_home):
     incremental run afterwards does no work and leaves the tables of a run that never saw the bad file.
     (Kept last in this module: it rewrites the fixture's schema and puts it back.)"""
     from benchmarks.chaos import compare_tables
-    from jobs.history import history, load_state, restore
+    from jobs.platform.history import history, load_state, restore
     from jobs.ingest import ingest
-    from jobs.model_store import current_aliases
+    from jobs.platform.model_store import current_aliases
     from jobs.sample import sample_sources
-    from jobs.tables import TABLES
-    from jobs.watermarks import watermarks_path
+    from jobs.platform.tables import TABLES
+    from jobs.platform.watermarks import watermarks_path
 
     cfg, first = pipeline
     run_id = first["parent_run_id"]

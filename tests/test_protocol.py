@@ -7,9 +7,9 @@ import json
 import pandas as pd
 import pytest
 
-from jobs.config import IngestSource, load_config
 from jobs.ingest import read_sources
-from jobs.readers import flickrstyle_splits, senticap_splits
+from jobs.platform.config import IngestSource, load_config
+from readers.corpora import flickrstyle_splits, senticap_splits
 from tests.conftest import shared_data
 
 

@@ -35,7 +35,8 @@ def test_every_stage_command_is_exported_under_its_name():
 
 
 def test_import_jobs_imports_no_spark():
-    code = "import sys, jobs, jobs.config; print(sorted(m for m in ('pyspark', 'torch', 'mlflow') if m in sys.modules))"
+    code = ("import sys, jobs, jobs.platform.config; "
+            "print(sorted(m for m in ('pyspark', 'torch', 'mlflow') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
@@ -60,7 +61,7 @@ def test_the_cli_calls_the_exported_function(command, monkeypatch, tmp_path):
         raise Called(command)
 
     monkeypatch.setattr(module, name, stand_in)
-    monkeypatch.setattr(importlib.import_module("jobs.spark"), "get_spark", lambda cfg, **kwargs: spark)
+    monkeypatch.setattr(importlib.import_module("jobs.platform.spark"), "get_spark", lambda cfg, **kwargs: spark)
     # the run lock needs a real session: off here, where get_spark hands out a stand-in
     argv = [command, "--conf", "test", "--set", "lock.enabled=false"] + (["SELECT 1", "--engine", "spark"] if command == "sql" else [])  # the Spark path
     with pytest.raises(Called):

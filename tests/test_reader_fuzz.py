@@ -3,7 +3,7 @@ empty and overlong lines, deleted / duplicated / swapped lines, missing fields, 
 
 Each mutated input is either read with every record accounted for -- read = kept + quarantined + duplicates per
 source, and read = the records the files hold, counted here on the bytes independently of the reader -- or rejected
-with :class:`jobs.errors.InputFileError` naming the file and the problem. Any other exception fails the test, as
+with :class:`readers.errors.InputFileError` naming the file and the problem. Any other exception fails the test, as
 does a kept row that is not what its line says (wrong type, control characters, a caption that is not its line's).
 Pandas only (no Spark), seeded, a few seconds for all readers.
 """
@@ -18,9 +18,9 @@ from typing import Callable
 
 import pytest
 
-from jobs.errors import InputFileError
-from jobs.readers import (LOCATION, MAX_CAPTION_CHARS, ORIGIN, SPLITS, Reader, ReadResult, origin_counts, prepare,
-                          tag_rows)
+from readers.corpora import (LOCATION, MAX_CAPTION_CHARS, ORIGIN, SPLITS, Reader, ReadResult, origin_counts, prepare,
+                             tag_rows)
+from readers.errors import InputFileError
 
 STYLES = ["humor", "romantic", "positive", "negative"]
 SEED = 15
@@ -567,9 +567,9 @@ def test_missing_and_wrong_files_are_named(tmp_path, reader):
 def test_every_record_accounted_for_on_planted_data(tmp_path):
     """Per source, read = kept + quarantined + duplicates on files with planted duplicates (by natural key), bad
     rows and unpaired lines; the duplicates' keys are listed with their file and line."""
-    from jobs.config import IngestSource, load_config
     from jobs.ingest import read_sources, summary_lines
-    from jobs.readers import duplicate_examples
+    from jobs.platform.config import IngestSource, load_config
+    from readers.corpora import duplicate_examples
 
     senti = {"images": [
         {"filename": "COCO_val2014_000000000001.jpg", "split": "train", "sentences": [

@@ -6,8 +6,8 @@ import pickle
 
 import pytest
 
-from jobs.errors import InputFileError
-from jobs.readers import Reader, image_id_from_name, scene_id
+from readers.corpora import Reader, image_id_from_name, scene_id
+from readers.errors import InputFileError
 from tests.conftest import shared_data
 
 STYLES = ["humor", "romantic", "positive", "negative"]

@@ -1,5 +1,5 @@
-"""The schema's run lock (jobs.lock): one writing job at a time, refused with the holder named, a dead holder taken
-over; and two real ``erg ingest`` processes started together on one schema."""
+"""The schema's run lock (jobs.platform.lock): one writing job at a time, refused with the holder named, a dead holder
+taken over; and two real ``erg ingest`` processes started together on one schema."""
 from __future__ import annotations
 
 import os
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs.lock import HOST, Holder, LockHeld, _ensure, _take, acquire, process_start, read_holder
+from jobs.platform.lock import HOST, Holder, LockHeld, _ensure, _take, acquire, process_start, read_holder
 
 pytestmark = pytest.mark.spark
 REPO = Path(__file__).resolve().parents[1]
@@ -90,11 +90,11 @@ def test_two_ingests_started_together(spark, erg_home):
     the holder's command and pid (no traceback); the waiting one waits and succeeds (its ingest finds every file
     already in the tables). The tables equal one serial ingest's."""
     from benchmarks.chaos import compare_tables
-    from jobs.config import load_config
+    from jobs.platform.config import load_config
     from jobs.ingest import INGEST_TABLES, ingest
     from jobs.sample import write_sample
-    from jobs.spark import get_spark
-    from jobs.tables import table_name
+    from jobs.platform.spark import get_spark
+    from jobs.platform.tables import table_name
 
     sample = erg_home / "samples" / "t_lock_pair"
     write_sample(load_config("test", [f"sample.dir={sample}"]))

@@ -1,12 +1,12 @@
-"""jobs.runner's steps without Spark or MLflow: order, outputs by name, timing, skipped steps, cleanups, and the
-ingest accounting the runner's steps compose (pure pandas)."""
+"""jobs.platform.runner's steps without Spark or MLflow: order, outputs by name, timing, skipped steps, cleanups, and
+the ingest accounting the runner's steps compose (pure pandas)."""
 from __future__ import annotations
 
 from types import SimpleNamespace
 
 import pytest
 
-from jobs.runner import JobContext, Step, default_result, run_steps
+from jobs.platform.runner import JobContext, Step, default_result, run_steps
 
 
 def _ctx(**kwargs) -> JobContext:

@@ -4,8 +4,8 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from jobs.config import load_config
 from jobs.ingest import read_sources
+from jobs.platform.config import load_config
 from jobs.sample import PLANTED_BAD_ROWS, sample_sources, write_sample
 
 

@@ -11,7 +11,7 @@ import inspect
 
 import pytest
 
-from jobs.config import schema_defaults
+from jobs.platform.config import schema_defaults
 
 _DECODING = {p: f"generate.decoding.{p}" for p in ("strategy", "num_beams", "top_p", "temperature", "max_new_tokens",
                                                    "batch_size", "no_repeat_ngram_size", "repetition_penalty",

@@ -1,6 +1,6 @@
 """The jobs against a local Spark Connect server (what Databricks serverless and standard-access clusters speak).
 
-pyspark's own Connect server is started with Delta (:mod:`jobs.connect_server`); ``erg run`` runs in a separate
+pyspark's own Connect server is started with Delta (:mod:`jobs.platform.connect_server`); ``erg run`` runs in a separate
 process with ``spark.remote`` set, as a user would run it (a Connect client switches pyspark into Connect mode for
 its whole process, so the classic session of these tests stays out of it). There is no SparkContext on the client:
 the MERGEs go through SQL and the scene index ships as a file. The tables it leaves are then read here (that a rerun
@@ -19,9 +19,9 @@ import mlflow
 import pytest
 
 from jobs.pipeline import STAGES
-from jobs.spark import get_spark
-from jobs.tables import table_name
-from jobs.tracking import configure_mlflow
+from jobs.platform.spark import get_spark
+from jobs.platform.tables import table_name
+from jobs.platform.tracking import configure_mlflow
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -50,8 +50,8 @@ def _erg(args: list[str], log: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def connect_run(erg_home, tmp_path_factory):
-    from jobs.config import load_config
-    from jobs.connect_server import start_server, stop_server
+    from jobs.platform.config import load_config
+    from jobs.platform.connect_server import start_server, stop_server
 
     port = _free_port()
     logs = tmp_path_factory.mktemp("connect")

@@ -24,8 +24,8 @@ READS = [f"SELECT source, count(*) FROM {T} GROUP BY source", f"WITH x AS (SELEC
 
 @pytest.fixture(scope="module")
 def table(spark, erg_home):
-    from jobs.config import load_config
-    from jobs.tables import conform, merge_rows, register_tables
+    from jobs.platform.config import load_config
+    from jobs.platform.tables import conform, merge_rows, register_tables
 
     cfg = load_config("test", [f"tables.schema={SCHEMA}"])
     register_tables(spark, cfg)

@@ -5,8 +5,8 @@ import datetime as dt
 
 import pytest
 
-from jobs.config import load_config
-from jobs.errors import UserError
+from jobs.platform.config import load_config
+from jobs.platform.errors import UserError
 from jobs.sql_fast import NotFast, Result, classify, first_word, route, show, spark_text
 from tests.write_statements import write_statements
 

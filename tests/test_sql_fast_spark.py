@@ -18,8 +18,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from jobs.platform.tables import TABLES, table_location
 from jobs.sql_access import run_query
-from jobs.tables import TABLES, table_location
 
 pytestmark = pytest.mark.spark
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,7 +49,7 @@ def _plant(spark, cfg) -> None:
     """Rows for the tables after ingest, derived from the ingested ones; deletion vectors in retrievals."""
     from planted_tables import append_rows
 
-    from jobs.tables import table_name
+    from jobs.platform.tables import table_name
 
     stylized = spark.table(table_name(cfg, "stylized_captions")).toPandas().sort_values("scene_id")
     factual = spark.table(table_name(cfg, "factual_captions")).toPandas().sort_values("caption_id").head(60)
@@ -90,7 +90,7 @@ def _plant(spark, cfg) -> None:
         "passed_style": passed, "passed_perplexity": True, "passed_similarity": True, "passed": passed,
         "reject_reason": [None if p else "style" for p in passed], "generator_version": "g1", "run_id": "r-gen",
         "created_at": NOW}))
-    # deletion vectors, as an incremental retrieve's MERGE leaves them (the table property is on: jobs.tables)
+    # deletion vectors, as an incremental retrieve's MERGE leaves them (the table property is on: jobs.platform.tables)
     retrievals = table_name(cfg, "retrievals")
     spark.sql(f"DELETE FROM {retrievals} WHERE rank = 3 AND retrieval_type = 'i2t'")
     spark.sql(f"UPDATE {retrievals} SET rank = 9 WHERE rank = 2 AND retrieval_type = 't2t' AND similarity < 0.7")
@@ -98,9 +98,9 @@ def _plant(spark, cfg) -> None:
 
 @pytest.fixture(scope="module")
 def home(spark, erg_home):
-    from jobs.config import load_config
     from jobs.ingest import ingest
-    from jobs.spark import get_spark
+    from jobs.platform.config import load_config
+    from jobs.platform.spark import get_spark
 
     cfg = load_config("test", [f"tables.schema={SCHEMA}", f"sample.dir={erg_home / 'samples' / SCHEMA}"])
     get_spark(cfg)

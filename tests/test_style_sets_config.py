@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from jobs.config import ConfigError, load_config
+from jobs.platform.config import ConfigError, load_config
 
 
 def test_default_sets_and_per_set_settings(monkeypatch):

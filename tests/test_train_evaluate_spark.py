@@ -32,9 +32,9 @@ NIC = "{embed_dim: 32, hidden_dim: 64}"
 
 def _load_sample(spark, cfg) -> tuple:
     """The sample's stylized captions and image vectors in the tables; returns (factual captions, encoder)."""
-    from jobs.vocabulary import encoder_spec
     from jobs.ingest import assign_splits, read_sources
     from jobs.sample import sample_sources, write_sample
+    from jobs.vocabulary import encoder_spec
     from udfs.embedding import embed_batch, encoder_identity
 
     write_sample(cfg)
@@ -79,10 +79,10 @@ def _plant_augmented(spark, cfg, stylized, factual) -> int:
 
 @pytest.fixture(scope="module")
 def trained(spark, erg_home) -> dict:
-    from jobs.config import load_config
     from jobs.evaluate import evaluate
-    from jobs.spark import get_spark
-    from jobs.tables import table_name
+    from jobs.platform.config import load_config
+    from jobs.platform.spark import get_spark
+    from jobs.platform.tables import table_name
     from jobs.train import train
 
     home = erg_home / "train_evaluate"
@@ -135,7 +135,7 @@ def test_two_process_training_lowers_the_loss_and_counts_every_pair(spark, train
 
 
 def test_training_runs_are_logged_with_variant_losses_and_model(trained: dict) -> None:
-    from jobs.model_store import get_current
+    from jobs.platform.model_store import get_current
 
     cfg = trained["cfg"]
     client = _client(cfg)
@@ -209,9 +209,9 @@ def test_evaluation_of_both_training_runs_is_comparable_in_mlflow(trained: dict)
 
 
 def test_evaluate_and_train_refuse_bad_input(trained: dict, tmp_path: Path) -> None:
-    from jobs.config import load_config
     from jobs.evaluate import style_scores, trained_captioners
-    from jobs.model_store import set_current
+    from jobs.platform.config import load_config
+    from jobs.platform.model_store import set_current
     from jobs.train import check_hparams
     from jobs.vocabulary import captioner_kind
 

@@ -18,9 +18,9 @@ pytestmark = pytest.mark.spark
 
 
 def test_rerank_beams_on_spark_scores_both_rankings(spark, fresh_cfg, tmp_path):
-    from jobs.spark import get_spark
-    from jobs.tables import TABLES, conform, table_name
-    from jobs.tracking import job_run
+    from jobs.platform.spark import get_spark
+    from jobs.platform.tables import TABLES, conform, table_name
+    from jobs.platform.tracking import job_run
     from jobs.visual_rerank import rerank_beams, rerank_report
     from models.caption_metrics import CaptionScorer
     from models.caption_scoring import train_evaluation_classifiers

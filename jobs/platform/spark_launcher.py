@@ -1,6 +1,6 @@
 """pyspark's own launcher scripts (``bin/spark-submit``, ``bin/spark-class``) and stopping what they started: shared
-by the local Spark Connect server (:mod:`jobs.connect_server`) and the standalone cluster
-(:mod:`jobs.standalone_cluster`)."""
+by the local Spark Connect server (:mod:`jobs.platform.connect_server`) and the standalone cluster
+(:mod:`jobs.platform.standalone_cluster`)."""
 from __future__ import annotations
 
 import os

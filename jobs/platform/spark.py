@@ -1,12 +1,12 @@
 """The Spark session: local[*] with Delta Lake and a warehouse on disk, or the cluster's own session.
 
-Locally, Delta's jars are resolved once through Maven (:mod:`jobs.spark_jars`) and put on ``spark.jars``; the
-session catalog is in memory, and :func:`jobs.tables.register_tables` maps every ``erg.<table>`` name onto its
+Locally, Delta's jars are resolved once through Maven (:mod:`jobs.platform.spark_jars`) and put on ``spark.jars``; the
+session catalog is in memory, and :func:`jobs.platform.tables.register_tables` maps every ``erg.<table>`` name onto its
 Delta folder, so tables are addressable by name in every new process with no metastore service to run.
 On Databricks (``platform: databricks``) the running session is reused and names are Unity Catalog names.
 With ``spark.remote`` (``sc://host:port``) the jobs run against a Spark Connect server instead, as on Databricks
 serverless and standard-access clusters: there is no SparkContext there, so nothing here may need one
-(:func:`has_spark_context`, :func:`default_parallelism`); :mod:`jobs.connect_server` starts a local server.
+(:func:`has_spark_context`, :func:`default_parallelism`); :mod:`jobs.platform.connect_server` starts a local server.
 """
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import os
 import sys
 from pathlib import Path
 
-from jobs.config import ErgConfig
-from jobs.spark_jars import resolve_delta_jars
+from jobs.platform.config import ErgConfig
+from jobs.platform.spark_jars import resolve_delta_jars
 
 
 def on_databricks() -> bool:
@@ -25,18 +25,18 @@ def on_databricks() -> bool:
 def get_spark(cfg: ErgConfig, *, register: bool = True):
     """The session for ``cfg``: existing on Databricks, else a local Delta-enabled one (created once).
     ``register`` False: the schema's tables are not made or registered yet (the CLI takes the schema's run lock,
-    :mod:`jobs.lock`, before a writing job creates them)."""
+    :mod:`jobs.platform.lock`, before a writing job creates them)."""
     from pyspark.sql import SparkSession
 
     if cfg.platform == "databricks":
         return _prepared(SparkSession.getActiveSession() or SparkSession.builder.getOrCreate(), cfg, register)
     if cfg.spark.remote:
-        # the server holds Delta's jars and extensions (jobs.connect_server); this process only speaks gRPC
+        # the server holds Delta's jars and extensions (jobs.platform.connect_server); this process only speaks gRPC
         return _prepared(SparkSession.builder.remote(cfg.spark.remote).getOrCreate(), cfg, register)
     active = SparkSession.getActiveSession()
     if active is not None:
         return _prepared(active, cfg, register)
-    from jobs.console import jvm_output, quiet
+    from jobs.platform.console import jvm_output, quiet
 
     builder = SparkSession.builder.master(cfg.spark.master)
     settings = session_settings(cfg)
@@ -51,9 +51,9 @@ def get_spark(cfg: ErgConfig, *, register: bool = True):
 
 
 def session_settings(cfg: ErgConfig) -> dict[str, str]:
-    """The settings of a local session (or of a local Spark Connect server, :mod:`jobs.connect_server`): Delta's
-    jars (resolved through Maven once) and extensions, the warehouse under ``home``, and ``spark.extra``. Sets the
-    environment its Python workers inherit (the interpreter that has torch/transformers, one torch thread each)."""
+    """The settings of a local session (or of a local Spark Connect server, :mod:`jobs.platform.connect_server`):
+    Delta's jars (resolved through Maven once) and extensions, the warehouse under ``home``, and ``spark.extra``. Sets
+    the environment its Python workers inherit (the interpreter that has torch/transformers, one torch thread each)."""
     jars = resolve_delta_jars(cfg.spark.jars_dir)
     # Executors (python workers) must run the interpreter that has torch/transformers installed.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -129,7 +129,7 @@ _REGISTERED: set[tuple[str, str, str | None]] = set()
 def _prepared(spark, cfg: ErgConfig, register: bool = True):
     """Apply the conf's runtime settings and make sure its schema and tables exist (once per session; not with
     ``register`` False)."""
-    from jobs.tables import register_tables
+    from jobs.platform.tables import register_tables
 
     if cfg.spark.shuffle_partitions is not None:
         spark.conf.set("spark.sql.shuffle.partitions", str(cfg.spark.shuffle_partitions))

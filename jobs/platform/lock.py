@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from jobs import console
-from jobs.config import ErgConfig
-from jobs.errors import UserError, is_concurrent_write
+from jobs.platform import console
+from jobs.platform.config import ErgConfig
+from jobs.platform.errors import UserError, is_concurrent_write
 
 LOCK_TABLE = "run_lock"
 _COLUMNS = ("lock_key STRING NOT NULL, holder STRING NOT NULL, command STRING, run_id STRING, host STRING, "
@@ -120,7 +120,7 @@ class Holder:
 def _ensure(spark, cfg: ErgConfig) -> str:
     """Create the schema and the lock table when absent (two jobs creating it at once: one wins, the other retries
     and finds it)."""
-    from jobs.tables import is_delta_table, table_location
+    from jobs.platform.tables import is_delta_table, table_location
 
     name = lock_table(cfg)
     prefix = name.rsplit(".", 1)[0]
@@ -135,7 +135,7 @@ def _ensure(spark, cfg: ErgConfig) -> str:
             return
         where = f" LOCATION '{location}'" if location else ""
         spark.sql(f"CREATE TABLE IF NOT EXISTS {name} ({_COLUMNS}) USING DELTA{where} "
-                  "COMMENT 'the schema run lock of erg: one row while a writing erg job runs (jobs.lock)'")
+                  "COMMENT 'the schema run lock of erg: one row while a writing erg job runs (jobs.platform.lock)'")
 
     _retry(create, creating=True)
     return name
@@ -205,7 +205,7 @@ class Lease:
             self._wake.set()
 
     def _beat(self) -> None:
-        from jobs.spark import has_spark_context
+        from jobs.platform.spark import has_spark_context
 
         if has_spark_context(self.spark):
             # a pool of its own: where the scheduler is FAIR (Databricks) the renewal is not queued behind a stage

@@ -1,14 +1,15 @@
 """The state of the schema after a writing job, recorded on its MLflow run (what ``erg restore`` brings back,
-:mod:`jobs.history`).
+:mod:`jobs.platform.history`).
 
-At the end of every writing job (each stage's MLflow run and ``erg run``'s parent, :func:`jobs.tracking.recording`)
-:func:`record_state` writes onto its MLflow run the state of the schema right after it:
+At the end of every writing job (each stage's MLflow run and ``erg run``'s parent,
+:func:`jobs.platform.tracking.recording`) :func:`record_state` writes onto its MLflow run the state of the schema
+right after it:
 
 - tag ``erg.versions``: the Delta version of every table (JSON ``{table: version}``), tag ``erg.written``: those whose
-  version the job moved, tag ``erg.schema`` (set when the run starts, :func:`jobs.tracking.job_run`);
+  version the job moved, tag ``erg.schema`` (set when the run starts, :func:`jobs.platform.tracking.job_run`);
 - artifact ``erg_state.json``: the same versions and the tables' Delta ids, the watermarks and ingested-source
-  record (:mod:`jobs.watermarks`) and the version each of the schema's registered models had as ``current``
-  (:mod:`jobs.model_store`).
+  record (:mod:`jobs.platform.watermarks`) and the version each of the schema's registered models had as ``current``
+  (:mod:`jobs.platform.model_store`).
 
 A job that failed records nothing.
 """
@@ -17,7 +18,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from jobs.config import ErgConfig
+from jobs.platform.config import ErgConfig
 
 STATE_ARTIFACT = "erg_state.json"
 SCHEMA_TAG, VERSIONS_TAG, WRITTEN_TAG = "erg.schema", "erg.versions", "erg.written"
@@ -29,16 +30,16 @@ def schema_key(cfg: ErgConfig) -> str:
 
 def table_versions(spark, cfg: ErgConfig) -> dict[str, int]:
     """The latest Delta version of every table of the schema that exists."""
-    from jobs.tables import TABLES, table_name
-    from jobs.watermarks import table_version
+    from jobs.platform.tables import TABLES, table_name
+    from jobs.platform.watermarks import table_version
 
     return {t: table_version(spark, cfg, t) for t in TABLES if spark.catalog.tableExists(table_name(cfg, t))}
 
 
 def snapshot(spark, cfg: ErgConfig) -> dict[str, Any]:
     """The schema's state now: table versions and ids, watermarks, ingested sources, ``current`` aliases."""
-    from jobs.model_store import current_aliases
-    from jobs.watermarks import ingested_sources_path, table_id, watermarks_path
+    from jobs.platform.model_store import current_aliases
+    from jobs.platform.watermarks import ingested_sources_path, table_id, watermarks_path
 
     versions = table_versions(spark, cfg)
     files = {}

@@ -2,10 +2,11 @@
 :func:`run_job` runs inside the job's MLflow run.
 
 What every job repeats lives here once: the MLflow run (a child of ``erg run``'s or ``erg experiment``'s parent
-when one is active, :func:`jobs.tracking.job_run`; the parent itself, :func:`parent_run`), the step timing
-(``seconds.<step>``, :func:`jobs.tracking.step_seconds`, for the steps marked ``timed``), the counts (gathered by
-the steps in :attr:`JobContext.counts`, logged once as metrics), the leakage counters (:func:`count_leakage`), the
-watermarks of incremental consumers (:func:`watermark`, :func:`advance_watermark`) and the result the job returns.
+when one is active, :func:`jobs.platform.tracking.job_run`; the parent itself, :func:`parent_run`), the step timing
+(``seconds.<step>``, :func:`jobs.platform.tracking.step_seconds`, for the steps marked ``timed``), the counts (gathered
+by the steps in :attr:`JobContext.counts`, logged once as metrics), the watermarks of incremental consumers
+(:func:`watermark`, :func:`advance_watermark`) and the result the job returns; the stage jobs' shared step helpers
+that know ERG (the leakage counts, :func:`jobs.leakage.count_leakage`) live with the jobs, not here.
 
 A step is a function of the :class:`JobContext`: it reads the session, the conf, the run id and what earlier steps
 returned (``ctx[name]``), adds to ``ctx.counts`` and returns its output. The logic a step calls takes plain values
@@ -19,10 +20,9 @@ from typing import Any, Callable, Iterator, Optional
 
 from pyspark.sql import SparkSession
 
-from jobs.config import ErgConfig
-from jobs.leakage import leakage_counts, retrievals_leakage
-from jobs.tracking import configure_mlflow, job_run, log_counts, step_seconds
-from jobs.watermarks import record_version, watermark_version
+from jobs.platform.config import ErgConfig
+from jobs.platform.tracking import configure_mlflow, job_run, log_counts, step_seconds
+from jobs.platform.watermarks import record_version, watermark_version
 
 LAZY_IMPORTS = ("mlflow", "models", "torch", "transformers", "faiss", "petastorm", "streaming", "horovod",
                 "pyspark.ml.torch", "rich", "tqdm")
@@ -112,7 +112,7 @@ def run_job(spark: SparkSession, cfg: ErgConfig, job_name: str, steps: list[Step
     """Open the job's MLflow run (``erg.job`` = ``job_name``; the conf sections and ``params`` as params), run the
     steps (``inputs`` are outputs known before the run, by name), log the counts and metrics once; returns
     ``result(ctx)``. ``record_state``: the job may write tables, watermarks or ``current`` aliases, so the schema's
-    state after it is recorded on its run (:func:`jobs.tracking.job_run`)."""
+    state after it is recorded on its run (:func:`jobs.platform.tracking.job_run`)."""
     with job_run(cfg, job_name, sections=sections, params=params, record_state=record_state) as run:
         ctx = JobContext(spark, cfg, run, incremental, out=dict(inputs or {}))
         run_steps(ctx, steps)
@@ -133,13 +133,6 @@ def parent_run(cfg: ErgConfig, run_name: str, tags: dict[str, str]) -> Iterator[
 
 
 # ---------------------------------------------------------------------------------- shared step helpers
-def count_leakage(ctx: JobContext, *, written_only: bool = False) -> None:
-    """Add the leakage counts (:mod:`jobs.leakage`) to ``ctx.counts``: over every table, or (``written_only``) the
-    ``retrievals`` rows this run wrote."""
-    ctx.counts.update(retrievals_leakage(ctx.spark, ctx.cfg, ctx.run_id) if written_only
-                      else leakage_counts(ctx.spark, ctx.cfg))
-
-
 def watermark(cfg: ErgConfig, consumer: str, table: str) -> int | None:
     """The version of ``table`` that ``consumer`` had read when it last finished (None: never)."""
     return watermark_version(cfg, consumer, table)

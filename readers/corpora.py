@@ -24,7 +24,7 @@ independently of where they go), and each record ends up in exactly one place: k
 description), quarantined (with its reason and raw text), or a duplicate of an earlier record's natural key
 (:func:`prepare`); :func:`origin_counts` checks ``read = kept + quarantined + duplicates`` per source. A file that
 cannot be read as its format at all (not found, not JSON, not a pickled list, UTF-16 or binary where text is
-expected, a CSV without its header) raises :class:`jobs.errors.InputFileError` naming the file and the problem.
+expected, a CSV without its header) raises :class:`readers.errors.InputFileError` naming the file and the problem.
 
 **Alignment.** Formats that pair files by position (FlickrStyle captions with the image names, several name lists
 with each other, the Karpathy references and tags with ``image_ID.txt``) first compare the files' line counts
@@ -66,8 +66,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from jobs.errors import InputFileError
 from models.text import normalize_caption
+from readers.errors import InputFileError
 
 STYLIZED_COLUMNS = ["scene_id", "image_id", "image_uri", "caption", "style", "split", "source", "source_key"]
 FACTUAL_COLUMNS = ["caption_id", "image_id", "image_uri", "caption", "source", "split"]
@@ -874,7 +874,7 @@ def prepare(result: ReadResult, splits: object | None = None,
             known_stylized_images: set[str] | frozenset[str] = frozenset()) -> ReadResult:
     """The paper's protocol on the rows of every source (see the module docstring), in place; returns ``result``.
 
-    ``splits``: an object with the :class:`jobs.config.SplitConf` fields (None = the paper's defaults).
+    ``splits``: an object with the fields of the conf's ``ingest.splits`` (None = the paper's defaults).
     Duplicates go to ``result.duplicates``; factual rows of stylized images to ``result.descriptions``.
     """
     options = {k: getattr(splits, k) for k in ("seed", "flickrstyle_test_images", "flickrstyle_val_fraction",

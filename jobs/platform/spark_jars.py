@@ -3,8 +3,8 @@
 delta-spark's pip package ships no jars; its ``configure_spark_with_delta_pip`` only sets
 ``spark.jars.packages`` and leaves Ivy to fetch them on every new machine. Here the machine's Maven resolves
 ``io.delta:delta-spark_<spark>_<scala>`` with its dependencies into ``jars_dir`` (``mvn dependency:copy-dependencies``
-over ``jobs/jars/pom.xml``); artifacts that pyspark already ships (Hadoop, Jackson, Parquet, Scala ...) are left
-out so the classpath holds one version of each. Once the folder is filled, sessions start with no network.
+over ``jobs/platform/jars/pom.xml``); artifacts that pyspark already ships (Hadoop, Jackson, Parquet, Scala ...) are
+left out so the classpath holds one version of each. Once the folder is filled, sessions start with no network.
 """
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ def resolve_delta_jars(jars_dir: str | os.PathLike, *, mvn: str | None = None, q
     folder = Path(jars_dir)
     folder.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="erg-jars-") as staging:
-        pom = resources.files("jobs") / "jars" / "pom.xml"
+        pom = resources.files("jobs.platform") / "jars" / "pom.xml"
         cmd = [mvn, "-B", "-f", str(pom), "dependency:copy-dependencies", f"-DoutputDirectory={staging}",
                "-DincludeScope=runtime", f"-Ddelta.version={DELTA_VERSION}", f"-Ddelta.artifact={DELTA_ARTIFACT}"]
         if quiet:

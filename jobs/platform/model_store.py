@@ -17,7 +17,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from jobs.config import ErgConfig, TablesConf
+from jobs.platform.config import ErgConfig, TablesConf
 
 CURRENT_ALIAS = "current"
 DEFAULT_SCHEMA = TablesConf.model_fields["schema_name"].default
@@ -41,7 +41,7 @@ def current_model_name(cfg: ErgConfig, kind: str) -> str:
 def _client(cfg: ErgConfig):
     from mlflow import MlflowClient
 
-    from jobs.mlflow_setup import configure_mlflow
+    from jobs.platform.mlflow_setup import configure_mlflow
 
     configure_mlflow(cfg)  # creates the local store's folder; the registry is that store unless conf names one
     return MlflowClient(tracking_uri=cfg.mlflow.tracking_uri, registry_uri=cfg.mlflow.registry_uri)

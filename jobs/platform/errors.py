@@ -4,14 +4,17 @@ A user error is a bad conf, a bad input file, a missing table or a step run befo
 it as one or two lines, the problem and then the fix, and exits with status 2; ``--debug`` shows the traceback
 instead. Anything else is a bug and keeps its traceback (exit status 1).
 
-Raise :class:`InputFileError` (a file named in the conf cannot be read as its format says) or
-:class:`MissingStepError` (a job needs what an earlier job writes); :func:`as_user_error` also recognises the
-errors of the layers below (a :class:`jobs.config.ConfigError`, Spark's "table or view not found" and SQL syntax
-errors, and messages that follow the convention "...: run `erg <job>` first").
+Raise :class:`UserError` or :class:`MissingStepError` (a job needs what an earlier job writes); the readers raise
+:class:`readers.errors.InputFileError` (a file named in the conf cannot be read as its format says), a user error
+too. :func:`as_user_error` also recognises the errors of the layers below (a :class:`jobs.platform.config.ConfigError`,
+Spark's "table or view not found" and SQL syntax errors, and messages that follow the convention "...: run
+`erg <job>` first").
 """
 from __future__ import annotations
 
 import re
+
+from readers.errors import InputFileError
 
 
 class UserError(Exception):
@@ -25,10 +28,6 @@ class UserError(Exception):
     def lines(self) -> list[str]:
         """The one or two lines the CLI prints."""
         return [self.problem] + ([f"fix: {self.fix}"] if self.fix else [])
-
-
-class InputFileError(UserError, ValueError):
-    """An input file cannot be read as its format says; the message names the file and what is wrong with it."""
 
 
 class MissingStepError(UserError, RuntimeError):
@@ -51,12 +50,12 @@ def is_concurrent_write(exc: BaseException) -> bool:
 _RUN_FIRST = re.compile(r"[:;,]\s+(run `erg [a-z]+[^`]*`.*\bfirst\b.*)$", re.S)
 
 
-def as_user_error(exc: BaseException, sql: bool = False) -> UserError | None:
+def as_user_error(exc: BaseException, sql: bool = False) -> UserError | InputFileError | None:
     """``exc`` as a :class:`UserError` when it is one the user can fix, else None (a bug: keep the traceback).
     ``sql``: the user wrote the query (``erg sql``), so any analysis error of it is theirs."""
-    from jobs.config import ConfigError
+    from jobs.platform.config import ConfigError
 
-    if isinstance(exc, UserError):
+    if isinstance(exc, (UserError, InputFileError)):
         return exc
     if isinstance(exc, ConfigError):
         problem, _, detail = str(exc).partition("\n")

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from jobs.config import ErgConfig
-from jobs.tables import table_name
+from jobs.platform.config import ErgConfig
+from jobs.platform.tables import table_name
 
 
 def watermarks_path(cfg: ErgConfig) -> Path:
@@ -71,7 +71,7 @@ def _write(cfg: ErgConfig, marks: dict, path: Path | None = None) -> None:
 
 def write_watermarks(cfg: ErgConfig, marks: dict) -> None:
     """Replace every consumer's watermarks by ``marks`` (consumer -> table -> version), e.g. those of a restored
-    state (:mod:`jobs.history`)."""
+    state (:mod:`jobs.platform.history`)."""
     _write(cfg, marks)
 
 

@@ -5,7 +5,7 @@ own cores, memory and work folder, so that the jobs run with real executors in o
 broadcasts cross process boundaries) instead of local[*]'s threads in the driver. Tests and benchmarks start one and
 stop it after; the jobs use it with ``--set spark.master=<cluster.master_url>``.
 
-    python -m jobs.standalone_cluster --workers 2 --cores 1 --memory 2g      # serves until stopped (Ctrl-C)
+    python -m jobs.platform.standalone_cluster --workers 2 --cores 1 --memory 2g      # serves until stopped (Ctrl-C)
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from jobs.spark_launcher import pyspark_script, stop_process_group
+from jobs.platform.spark_launcher import pyspark_script, stop_process_group
 
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"
 WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
@@ -98,7 +98,8 @@ def start_cluster(folder: str | os.PathLike, workers: int = 2, cores: int = 1, m
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m jobs.standalone_cluster", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m jobs.platform.standalone_cluster",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--cores", type=int, default=1, help="cores per worker")
     parser.add_argument("--memory", default="2g", help="memory per worker")

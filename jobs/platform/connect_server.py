@@ -1,12 +1,12 @@
 """A local Spark Connect server with Delta Lake: what Databricks serverless and standard-access clusters speak.
 
 The server is pyspark's own (``org.apache.spark.sql.connect.service.SparkConnectServer``, whose jar pyspark ships),
-started by ``spark-submit`` with the same Delta jars and settings as a local session (:func:`jobs.spark.
+started by ``spark-submit`` with the same Delta jars and settings as a local session (:func:`jobs.platform.spark.
 session_settings`). The jobs then run against it with ``spark.remote: sc://127.0.0.1:<port>`` (``--set
 spark.remote=...``): there is no SparkContext on that side, so the jobs size partitions from the session's
 settings, MERGE through SQL and ship the scene index as a file (``retrieve.index_transport``).
 
-    python -m jobs.connect_server --conf local --port 15002      # serves until stopped (Ctrl-C)
+    python -m jobs.platform.connect_server --conf local --port 15002      # serves until stopped (Ctrl-C)
     erg run --conf local --set spark.remote=sc://127.0.0.1:15002
 """
 from __future__ import annotations
@@ -18,9 +18,9 @@ import subprocess
 import sys
 import time
 
-from jobs.config import ErgConfig, load_config
-from jobs.spark import session_settings
-from jobs.spark_launcher import pyspark_script, stop_process_group
+from jobs.platform.config import ErgConfig, load_config
+from jobs.platform.spark import session_settings
+from jobs.platform.spark_launcher import pyspark_script, stop_process_group
 
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 
@@ -71,7 +71,7 @@ def stop_server(process: subprocess.Popen, timeout_s: float = 60.0) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m jobs.connect_server", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m jobs.platform.connect_server", description=__doc__.splitlines()[0])
     parser.add_argument("--conf", default="local", help="conf name or path (its spark.* and home are used)")
     parser.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE")
     parser.add_argument("--port", type=int, default=15002)

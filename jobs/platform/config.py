@@ -75,8 +75,8 @@ class MlflowConf(_Section):
 
 
 class LockConf(_Section):
-    """The schema's run lock (:mod:`jobs.lock`): one writing ``erg`` job at a time per schema, held in the Delta
-    table ``<schema>.run_lock`` so that it holds across processes, hosts and clusters."""
+    """The schema's run lock (:mod:`jobs.platform.lock`): one writing ``erg`` job at a time per schema, held in the
+    Delta table ``<schema>.run_lock`` so that it holds across processes, hosts and clusters."""
     enabled: bool = Field(True, description="take the lock in every writing erg command (run, ingest, extract, "
                           "embed, retrieve, generate, train, experiment, restore, sql --write)")
     wait_s: float = Field(0.0, ge=0, description="how long a writing job waits for a lock another job holds before "
@@ -141,7 +141,7 @@ class SampleConf(_Section):
 
 
 class SplitConf(_Section):
-    """The paper's split recipe (Sect. 4.1), by image; see :func:`jobs.readers.protocol_splits`."""
+    """The paper's split recipe (Sect. 4.1), by image; see :func:`readers.corpora.protocol_splits`."""
     seed: int = Field(2021, description="images are ranked by a hash of (seed, image id): same seed, same split")
     flickrstyle_test_images: int = Field(1000, ge=0, description="FlickrStyle10K images in test (at most a "
                                          "seventh of the set: the paper's 1,000 of 7,000)")
@@ -280,9 +280,9 @@ class RetrieveConf(_Section):
     exclude_same_image: bool = Field(True, description="drop hits whose scene shows the query's own image")
     train_descriptions_as_queries: bool = Field(
         False, description="the scene descriptions (factual captions, e.g. Flickr30K's) of stylized images whose "
-        "captions are all in the train split are queries too, beside P (jobs.tables.query_captions): their pairs are "
-        "new stylized captions for train images; a val or test image's description never is one. Off = the "
-        "paper's P alone")
+        "captions are all in the train split are queries too, beside P (jobs.platform.tables.query_captions): "
+        "their pairs are new stylized captions for train images; a val or test image's description never is one. "
+        "Off = the paper's P alone")
     examples_to_log: int = Field(8, ge=0)
     partitions: Optional[int] = Field(None, ge=1, description="tasks the factual queries are searched in "
                                       "(null = spark.sql.shuffle.partitions)")

@@ -1,13 +1,13 @@
 """Where MLflow logs: the conf's tracking store, model registry and experiment (:func:`configure_mlflow`).
 
-Below every module that talks to MLflow (:mod:`jobs.tracking`, :mod:`jobs.model_store`, :mod:`jobs.history`), so
-that none of them imports another only to point MLflow at the store.
+Below every module that talks to MLflow (:mod:`jobs.platform.tracking`, :mod:`jobs.platform.model_store`,
+:mod:`jobs.platform.history`), so that none of them imports another only to point MLflow at the store.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
-from jobs.config import ErgConfig
+from jobs.platform.config import ErgConfig
 
 
 def configure_mlflow(cfg: ErgConfig) -> str:

@@ -1,16 +1,17 @@
 """What each writing job left behind, and ``erg restore``: undo to any finished run.
 
-At the end of every writing job (each stage's MLflow run and ``erg run``'s parent) :func:`jobs.state.record_state`
-writes onto its MLflow run the state of the schema right after it: the Delta version of every table (tags
-``erg.versions``, ``erg.written``: those whose version the job moved) and, in ``erg_state.json``, the tables' Delta
-ids, the watermarks and ingested-source record and the ``current`` alias of each registered model.
+At the end of every writing job (each stage's MLflow run and ``erg run``'s parent)
+:func:`jobs.platform.state.record_state` writes onto its MLflow run the state of the schema right after it: the Delta
+version of every table (tags ``erg.versions``, ``erg.written``: those whose version the job moved) and, in
+``erg_state.json``, the tables' Delta ids, the watermarks and ingested-source record and the ``current`` alias of
+each registered model.
 
 A job that failed records nothing. ``erg history`` (:func:`history`) lists the runs with the tables and versions each
 wrote. ``erg restore --run RUN_ID`` (:func:`restore`) brings every table back to its version after that run
 (``RESTORE TABLE ... TO VERSION AS OF``, a new commit, so a restore is itself undone by restoring to a run before
 it), writes back the watermarks and ingested-source record, and moves every ``current`` alias back; a table that did
 not exist then is emptied (kept, with its history), a model registered later loses its ``current`` alias. It runs
-under the schema's lock (:mod:`jobs.lock`), so it refuses while another job is writing.
+under the schema's lock (:mod:`jobs.platform.lock`), so it refuses while another job is writing.
 """
 from __future__ import annotations
 
@@ -18,16 +19,16 @@ import datetime as dt
 import json
 from typing import Any
 
-from jobs.config import ErgConfig
-from jobs.errors import UserError
-from jobs.state import SCHEMA_TAG, STATE_ARTIFACT, VERSIONS_TAG, WRITTEN_TAG, schema_key
+from jobs.platform.config import ErgConfig
+from jobs.platform.errors import UserError
+from jobs.platform.state import SCHEMA_TAG, STATE_ARTIFACT, VERSIONS_TAG, WRITTEN_TAG, schema_key
 
 
 # ----------------------------------------------------------------------------------------------- history
 def _client(cfg: ErgConfig):
     from mlflow import MlflowClient
 
-    from jobs.mlflow_setup import configure_mlflow
+    from jobs.platform.mlflow_setup import configure_mlflow
 
     return MlflowClient(), configure_mlflow(cfg)
 
@@ -101,7 +102,7 @@ def restore(spark, cfg: ErgConfig, run_id: str) -> dict[str, Any]:
     """Bring the schema back to its state right after ``run_id``: every table, the watermarks, the ingested-source
     record and the ``current`` aliases. Runs under the schema's lock (refuses at once while another job holds it);
     recorded as an MLflow run of job ``restore`` (itself restorable)."""
-    from jobs.lock import hold
+    from jobs.platform.lock import hold
 
     state = load_state(cfg, run_id)
     with hold(spark, cfg, f"erg restore --run {run_id}", wait_s=0):
@@ -111,10 +112,11 @@ def restore(spark, cfg: ErgConfig, run_id: str) -> dict[str, Any]:
 def _restore(spark, cfg: ErgConfig, run_id: str, state: dict[str, Any]) -> dict[str, Any]:
     import mlflow
 
-    from jobs.model_store import current_aliases, point_current
-    from jobs.tables import TABLES, table_name
-    from jobs.tracking import job_run
-    from jobs.watermarks import table_id, table_version, watermarks_path, write_ingested_sources, write_watermarks
+    from jobs.platform.model_store import current_aliases, point_current
+    from jobs.platform.tables import TABLES, table_name
+    from jobs.platform.tracking import job_run
+    from jobs.platform.watermarks import (table_id, table_version, watermarks_path, write_ingested_sources,
+                                          write_watermarks)
 
     recorded, ids = state["tables"], state.get("table_ids", {})
     for table, version in recorded.items():  # check everything before changing anything

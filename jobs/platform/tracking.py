@@ -6,8 +6,8 @@ import json
 import time
 from typing import Any, Iterator
 
-from jobs.config import ErgConfig
-from jobs.mlflow_setup import configure_mlflow
+from jobs.platform.config import ErgConfig
+from jobs.platform.mlflow_setup import configure_mlflow
 
 
 def flatten(prefix: str, value: Any) -> dict[str, str]:
@@ -30,11 +30,12 @@ def job_run(cfg: ErgConfig, job: str, *, sections: tuple[str, ...] = (), params:
 
     Logs the conf name, the given config sections and extra params; tags ``erg.job`` and ``erg.schema``. Yields the
     run. With ``record_state`` (a job that may write tables, watermarks or ``current`` aliases), a job that finishes
-    records the schema's state after it on the run (:func:`jobs.state.record_state`: what ``erg restore`` reads).
+    records the schema's state after it on the run (:func:`jobs.platform.state.record_state`: what ``erg restore``
+    reads).
     """
     import mlflow
 
-    from jobs.state import SCHEMA_TAG, schema_key
+    from jobs.platform.state import SCHEMA_TAG, schema_key
 
     experiment_id = configure_mlflow(cfg)
     nested = mlflow.active_run() is not None
@@ -54,14 +55,14 @@ def job_run(cfg: ErgConfig, job: str, *, sections: tuple[str, ...] = (), params:
 
 @contextlib.contextmanager
 def recording(cfg: ErgConfig, run_id: str, enabled: bool = True) -> Iterator[None]:
-    """Around a writing job's work: names its run in the schema's lock row (:mod:`jobs.lock`) and, when the block
-    finishes, records the schema's state after it on the run (:func:`jobs.state.record_state`)."""
+    """Around a writing job's work: names its run in the schema's lock row (:mod:`jobs.platform.lock`) and, when the
+    block finishes, records the schema's state after it on the run (:func:`jobs.platform.state.record_state`)."""
     if not enabled:
         yield
         return
-    from jobs.lock import note_run
-    from jobs.spark import get_spark
-    from jobs.state import record_state, table_versions
+    from jobs.platform.lock import note_run
+    from jobs.platform.spark import get_spark
+    from jobs.platform.state import record_state, table_versions
 
     note_run(cfg, run_id)
     spark = get_spark(cfg)
