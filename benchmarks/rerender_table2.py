@@ -25,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 def experiment_json(out: Path, conf: str, overrides: list[str]) -> Path:
     """The saved result of the experiment that ``out/table2.json`` names."""
-    from jobs.config import load_config
-    from jobs.model_store import model_dir
+    from jobs.platform.config import load_config
+    from jobs.platform.model_store import model_dir
 
     run_id = json.loads((out / "table2.json").read_text()).get("experiment_run_id")
     if not run_id:
