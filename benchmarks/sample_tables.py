@@ -5,11 +5,13 @@ The hash covers every deterministic column (run ids, timestamps and run-id-named
 ``benchmarks/chaos.py``), the home's path written as ``<home>``, rows sorted by the table's natural key, floats
 rounded to 4 decimals (two correct runs agree to about 1e-6; a rounding edge would show as one differing table)::
 
-    python benchmarks/sample_tables.py --home /tmp/sample-before --out /tmp/before.json
-    python benchmarks/sample_tables.py --home /tmp/sample-after --out benchmarks/results/sample_tables.json \\
+    python benchmarks/sample_tables.py --home /tmp/sample --out /tmp/before.json
+    python benchmarks/sample_tables.py --home /tmp/sample --out benchmarks/results/sample_tables.json \\
         --compare /tmp/before.json
 
-To fingerprint an older commit, run this script from an export of it (``git archive <commit> | tar -x -C DIR``).
+Give both runs the same ``--home`` path (one after the other): a quarantined row's id hashes its source file's
+absolute path, which lies under the home. To fingerprint an older commit, run this script from an export of it
+(``git archive <commit> | tar -x -C DIR``).
 ``--compare`` writes ``identical`` and the tables that differ beside the fingerprint, and exits 1 when any does.
 """
 from __future__ import annotations

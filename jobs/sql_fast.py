@@ -186,6 +186,9 @@ def _training_set_sql(schema: str) -> str:
           AND a.scene_id IN (SELECT scene_id FROM {schema}.stylized_captions WHERE split = 'train')"""
 
 
+_ALIAS = re.compile(r"\s+AS\s+\S+$", re.IGNORECASE)
+
+
 def referenced_tables(cfg: ErgConfig, sql: str) -> list[str]:
     """The erg tables ``sql`` reads (``training_set``'s own tables included); an unknown name is a user error, a
     name outside the schema's tables Spark's to resolve."""
@@ -194,6 +197,7 @@ def referenced_tables(cfg: ErgConfig, sql: str) -> list[str]:
     schema = cfg.tables.schema_name
     wanted: list[str] = []
     for name in sorted(duckdb.get_table_names(sql, qualified=True)):
+        name = _ALIAS.sub("", name)  # duckdb 2 names a table with its alias: "s.retrievals AS r"
         parts = [p.strip('`"') for p in name.split(".")]
         if len(parts) == 3 and parts[0].lower() == "spark_catalog":
             parts = parts[1:]
@@ -266,7 +270,7 @@ def query_arrow(cfg: ErgConfig, sql: str):
 
     con = connect(cfg, referenced_tables(cfg, sql))
     try:
-        table = con.execute(sql).fetch_arrow_table()
+        table = con.execute(sql).to_arrow_table()  # duckdb 2: fetch_arrow_table is gone
     except duckdb.Error as exc:
         raise NotFast(f"DuckDB: {str(exc).strip().splitlines()[0][:200]}") from None
     finally:

@@ -1,4 +1,5 @@
-"""The readers' error: an input file that cannot be read as its format says (imports nothing).
+"""The readers' error: an input file that cannot be read as its format says (imports nothing), and its base, the
+problem-and-fix error every ``erg`` user error is.
 
 The ``erg`` CLI shows it as a user error, the problem and then the fix, exit status 2
 (:func:`jobs.platform.errors.as_user_error`).
@@ -6,9 +7,9 @@ The ``erg`` CLI shows it as a user error, the problem and then the fix, exit sta
 from __future__ import annotations
 
 
-class InputFileError(ValueError):
-    """An input file cannot be read as its format says: ``problem`` names the file and what is wrong with it, ``fix``
-    what to do about it."""
+class FixableError(Exception):
+    """A problem the person running ``erg`` can fix: ``problem`` says what is wrong, ``fix`` what to do about it
+    (the base of :class:`InputFileError` here and of the jobs' ``UserError``)."""
 
     def __init__(self, problem: str, fix: str | None = None) -> None:
         self.problem = problem.strip()
@@ -18,3 +19,8 @@ class InputFileError(ValueError):
     def lines(self) -> list[str]:
         """The one or two lines the CLI prints."""
         return [self.problem] + ([f"fix: {self.fix}"] if self.fix else [])
+
+
+class InputFileError(FixableError, ValueError):
+    """An input file cannot be read as its format says: ``problem`` names the file and what is wrong with it, ``fix``
+    what to do about it."""

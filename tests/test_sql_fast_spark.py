@@ -171,7 +171,7 @@ def test_cli_answers_without_spark_and_prints_what_spark_shows(spark, home):
     """The real entry point in a fresh process whose PATH has no java: the answer, the same table text as Spark's
     show(), and pyspark never imported."""
     queries = [f"SELECT style, count(*) FROM {SCHEMA}.augmented_captions GROUP BY style ORDER BY style",
-               f"SELECT query_id, scene_id, rank, similarity, created_at, passed, perplexity, style_probability "
+               f"SELECT query_id, scene_id, retrieval_type, similarity, created_at, passed, perplexity, style_probability "
                f"FROM {SCHEMA}.augmented_captions ORDER BY query_id, scene_id, retrieval_type LIMIT 12",
                f"SELECT item_id, vector FROM {SCHEMA}.embeddings ORDER BY item_id LIMIT 3"]
     env = {k: v for k, v in os.environ.items() if k not in ("JAVA_HOME", "SPARK_HOME")}
@@ -185,7 +185,7 @@ def test_cli_answers_without_spark_and_prints_what_spark_shows(spark, home):
         assert done.returncode == 0, done.stderr
         assert "pyspark loaded: False" in done.stderr and "Spark" not in done.stderr.replace("pyspark", "")
         expected = spark.sql(sql)._jdf.showString(10, 60, False)
-        assert done.stdout == expected, (done.stdout, expected)
+        assert done.stdout.rstrip("\n") == expected.rstrip("\n"), (done.stdout, expected)  # show() adds a newline
 
 
 def test_what_the_fast_path_hands_to_spark_and_what_it_refuses(spark, home, capsys):

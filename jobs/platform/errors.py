@@ -14,20 +14,11 @@ from __future__ import annotations
 
 import re
 
-from readers.errors import InputFileError
+from readers.errors import FixableError, InputFileError
 
 
-class UserError(Exception):
+class UserError(FixableError):
     """A problem the user can fix: ``problem`` says what is wrong, ``fix`` what to do about it."""
-
-    def __init__(self, problem: str, fix: str | None = None) -> None:
-        self.problem = problem.strip()
-        self.fix = fix.strip() if fix else None
-        super().__init__(self.problem if not self.fix else f"{self.problem}; {self.fix}")
-
-    def lines(self) -> list[str]:
-        """The one or two lines the CLI prints."""
-        return [self.problem] + ([f"fix: {self.fix}"] if self.fix else [])
 
 
 class MissingStepError(UserError, RuntimeError):
@@ -50,12 +41,12 @@ def is_concurrent_write(exc: BaseException) -> bool:
 _RUN_FIRST = re.compile(r"[:;,]\s+(run `erg [a-z]+[^`]*`.*\bfirst\b.*)$", re.S)
 
 
-def as_user_error(exc: BaseException, sql: bool = False) -> UserError | InputFileError | None:
+def as_user_error(exc: BaseException, sql: bool = False) -> FixableError | None:
     """``exc`` as a :class:`UserError` when it is one the user can fix, else None (a bug: keep the traceback).
     ``sql``: the user wrote the query (``erg sql``), so any analysis error of it is theirs."""
     from jobs.platform.config import ConfigError
 
-    if isinstance(exc, (UserError, InputFileError)):
+    if isinstance(exc, FixableError):
         return exc
     if isinstance(exc, ConfigError):
         problem, _, detail = str(exc).partition("\n")
