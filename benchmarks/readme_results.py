@@ -172,15 +172,35 @@ def fluency_lines(results: Path) -> list[str]:
     return [text + "."]
 
 
+#: erg sql --engine values as the README names them
+ENGINE_NAMES = {"auto": "DuckDB", "spark": "Spark"}
+
+
 def safety_lines(results: Path) -> list[str]:
-    data = _load(results, "safety.json")
-    speed = (data or {}).get("sql_speed") or {}
-    if not speed.get("auto") or not speed.get("spark"):
-        return []
-    return [f"- SQL (`safety.json`): `erg sql` answers the query above on the real-data home in "
-            f"{speed['auto']['median_seconds']:.1f} s without Spark (DuckDB over the Delta tables), "
-            f"{speed['spark']['median_seconds']:.0f} s through Spark in the same run"
-            + (", the same rows." if speed.get("same_rows") else "; the rows differ.")]
+    data = _load(results, "safety.json") or {}
+    lines = []
+    speed = data.get("sql_speed") or {}
+    if speed.get("auto") and speed.get("spark"):
+        lines.append(f"- SQL (`safety.json`): `erg sql` answers the query above on the real-data home in "
+                     f"{speed['auto']['median_seconds']:.1f} s without Spark (DuckDB over the Delta tables), "
+                     f"{speed['spark']['median_seconds']:.0f} s through Spark in the same run"
+                     + (", the same rows." if speed.get("same_rows") else "; the rows differ."))
+    engines = (data.get("sql_refusals") or {}).get("engines") or {}
+    if engines:
+        tried = {name: e["tried"] for name, e in engines.items()}
+        refused = {name: e["refused"] for name, e in engines.items()}
+        unchanged = data["sql_refusals"].get("tables_unchanged")
+        lines.append("- Read-only SQL (`safety.json`): write statements refused, of those tried: "
+                     + ", ".join(f"{refused[n]} of {tried[n]} on the {ENGINE_NAMES.get(n, n)} path" for n in engines)
+                     + ("; every table unchanged." if unchanged else "; a table CHANGED."))
+    runs = data.get("concurrency") or {}
+    if runs.get("runs"):
+        ran = [n for n, r in runs["runs"].items() if r["rc"] == 0]
+        same = (runs.get("tables_vs_serial_run") or {}).get("identical")
+        lines.append(f"- Concurrency (`safety.json`): {len(runs['runs'])} writing runs started together on one home: "
+                     f"{len(ran)} ran, {len(runs.get('refused') or [])} refused (exit 2, naming the holder); tables "
+                     + ("identical to a serial run's." if same else "DIFFER from a serial run's."))
+    return lines
 
 
 def scale_lines(results: Path) -> list[str]:
