@@ -186,7 +186,7 @@ def restore(work_dir: Path) -> dict[str, Any]:
     logs = _fresh(work_dir / "restore-logs")
     steps: dict[str, dict[str, Any]] = {}
     steps["ingest"] = _erg(["ingest"], home, logs / "ingest.log")
-    steps["run"] = _erg(["run"], home, logs / "run.log")
+    steps["run"] = _erg(["run", "--json"], home, logs / "run.log")  # --json: the result, read below
     first = _json_out(logs / "run.log")["parent_run_id"]
     recorded = next(r for r in _history(home, logs / "history1.log") if r["run_id"] == first)
     bad = _bad_conf(home, home / "bad_delivery")
@@ -203,7 +203,7 @@ def restore(work_dir: Path) -> dict[str, Any]:
                        _FOLDERS.loader(work_dir, home), (str(home),))
     steps["restore_unknown_run"] = _erg(["restore", "--run", "no-such-run"], home, logs / "restore_unknown.log")
 
-    steps["restore"] = _erg(["restore", "--run", first], home, logs / "restore.log")
+    steps["restore"] = _erg(["restore", "--run", first, "--json"], home, logs / "restore.log")
     restored = _json_out(logs / "restore.log") if steps["restore"]["rc"] == 0 else {}
     after_restore = _compare(work_dir, _versions_loader(work_dir, home, recorded["versions"]),
                              _FOLDERS.loader(work_dir, home), (str(home),))
