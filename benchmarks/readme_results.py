@@ -200,6 +200,14 @@ def safety_lines(results: Path) -> list[str]:
         lines.append(f"- Concurrency (`safety.json`): {len(runs['runs'])} writing runs started together on one home: "
                      f"{len(ran)} ran, {len(runs.get('refused') or [])} refused (exit 2, naming the holder); tables "
                      + ("identical to a serial run's." if same else "DIFFER from a serial run's."))
+    restore = data.get("restore") or {}
+    if restore.get("steps"):
+        back = (restore.get("after_restore_vs_first_run") or {}).get("identical")
+        rerun = (restore.get("after_incremental_vs_run_without_bad_file") or {}).get("identical")
+        lines.append("- Restore (`safety.json`): after a bad delivery and a run over it, `erg restore --run` put back "
+                     + ("every table as the first run left it" if back else "tables that DIFFER from the first run's")
+                     + "; the incremental rerun then "
+                     + ("equals a run that never saw the bad file." if rerun else "DIFFERS from a clean run."))
     return lines
 
 
