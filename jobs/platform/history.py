@@ -30,7 +30,8 @@ def _client(cfg: ErgConfig):
 
     from jobs.platform.mlflow_setup import configure_mlflow
 
-    return MlflowClient(), configure_mlflow(cfg)
+    experiment_id = configure_mlflow(cfg)  # first: the client takes the tracking URI it sets
+    return MlflowClient(), experiment_id
 
 
 def history(cfg: ErgConfig, last: int = 30) -> list[dict[str, Any]]:
