@@ -249,10 +249,15 @@ def chaos_lines(results: Path) -> list[str]:
     data = _load(results, "chaos.json")
     if not data or "kills" not in data or "identical" not in data:
         return []
-    stages = ", ".join(data.get("stages_hit") or [])
-    return [f"- Kills (`chaos.json`): `erg run` SIGKILLed {data['kills']} times" + (f" (in {stages})" if stages else "")
-            + f", then `{data.get('rerun', 'erg run --incremental')}`: {data['identical']} of {data['kills']} reruns "
-            "left every table equal to an uninterrupted run's."]
+    per_stage = data.get("kills_per_stage") or {}
+    stages = (", ".join(f"{s} {n}" for s, n in per_stage.items() if n) if per_stage
+              else ", ".join(data.get("stages_hit") or []))
+    registry = ("" if "registry_aliases_broken" not in data
+                else f"; registry aliases naming a half-written model: {data['registry_aliases_broken']}")
+    return [f"- Kills (`chaos.json`): SIGKILLed {data['kills']} times" + (f" (in {stages})" if stages else "")
+            + ", then rerun (`erg run --incremental`" + ("; `erg experiment` again" if per_stage.get("experiment") else "")
+            + f"): {data['identical']} of {data['kills']} reruns left every table "
+            + ("and cell " if per_stage.get("experiment") else "") + f"equal to an uninterrupted run's{registry}."]
 
 
 def classifier_lines(results: Path) -> list[str]:
