@@ -34,6 +34,9 @@ what differed:
     python benchmarks/chaos.py --kills 2 --min-per-stage 0 --experiment-kills 1 --conf test --work .erg-chaos-test \
         --out /tmp/chaos.json   # a quick check
 
+A session's end or a crash stops the kills; the same command with ``--resume`` keeps the kills ``--out`` records
+and goes on after them (the references are reused).
+
 To run the code of one commit while the working tree changes, run it from an export
 (``git archive HEAD | tar -x -C /tmp/src``) with ``--out`` pointing back into the repository.
 """
@@ -418,16 +421,22 @@ def observed_windows(banner_times: dict[str, float]) -> dict[str, float]:
     return {s: banner_times[n] - banner_times[s] for s, n in zip(order, order[1:])}
 
 
-def pipeline_kills(args, work: Path, ref: dict[str, Any], folders: "DeltaFolders") -> list[dict[str, Any]]:
+def pipeline_kills(args, work: Path, ref: dict[str, Any], folders: "DeltaFolders",
+                   done: list[dict[str, Any]] = ()) -> Iterable[list[dict[str, Any]]]:
     """``--kills`` kills of ``erg run`` and more until every stage was hit ``--min-per-stage`` times; each killed
-    home's registry checked, rerun with ``erg run --incremental``, its tables compared with the reference's."""
+    home's registry checked, rerun with ``erg run --incremental``, its tables compared with the reference's.
+    ``done``: the records of an earlier invocation (``--resume``): their kills count, the plan goes on after them."""
     ref_home = work / "reference"
     windows = dict(ref["windows"])
-    plan = kill_plan(args.kills, args.seed, windows)
-    rng = random.Random(args.seed + 1)
-    hits = {s: 0 for s in STAGES}
-    runs: list[dict[str, Any]] = []
-    k = attempts = 0
+    for record in done:
+        for name, seconds in (record.get("observed_windows") or {}).items():
+            windows[name] = max(0.5, min(windows[name], seconds))
+    plan = kill_plan(args.kills, args.seed, dict(ref["windows"]))
+    rng = random.Random(f"{args.seed + 1}:{len(done)}")  # a resumed invocation draws its own redraws
+    hits = {s: sum(1 for r in done if r["killed"] and r["stage_hit"] == s) for s in STAGES}
+    runs: list[dict[str, Any]] = list(done)
+    k = sum(1 for r in done if r["killed"])
+    attempts = len(done)
     while k < len(plan) or min(hits.values()) < args.min_per_stage:
         if k >= len(plan):  # the stage hit least so far, at a moment inside its shortest observed window
             stage = min(STAGES, key=lambda s: (hits[s], STAGES.index(s)))
@@ -440,10 +449,12 @@ def pipeline_kills(args, work: Path, ref: dict[str, Any], folders: "DeltaFolders
         print(f"kill {k + 1}/{len(plan)}: {stage} + {delay}s in {home}", file=sys.stderr)
         killed = run_and_kill(erg_command(args.conf, args.set, lock=args.lock), _env(home), work / f"kill-{k}.log",
                               stage=stage, delay=delay, timeout=args.timeout)
-        for name, seconds in observed_windows(killed["banner_times"]).items():
+        observed = observed_windows(killed["banner_times"])
+        for name, seconds in observed.items():
             windows[name] = max(0.5, min(windows[name], seconds))
         record: dict[str, Any] = {"kill": k, "target_stage": stage, "delay_s": delay, **{
-            key: killed[key] for key in ("killed", "stage_hit", "seconds")}}
+            key: killed[key] for key in ("killed", "stage_hit", "seconds")},
+            "observed_windows": {name: round(seconds, 1) for name, seconds in observed.items()}}
         if not killed["killed"]:
             record["note"] = f"the run ended (exit {killed['rc']}) before the kill moment; another moment is drawn"
             runs.append(record)
@@ -477,15 +488,17 @@ def pipeline_kills(args, work: Path, ref: dict[str, Any], folders: "DeltaFolders
             _prune(home)
         k += 1
         yield runs
-    return runs
 
 
-def experiment_kills(args, work: Path) -> Iterable[list[dict[str, Any]]]:
+def experiment_kills(args, work: Path, done: list[dict[str, Any]] = ()) -> Iterable[list[dict[str, Any]]]:
     """``--experiment-kills`` kills of ``erg experiment``: a reference home runs ``erg run`` and ``erg experiment``
     uninterrupted; each kill home runs ``erg run``, then ``erg experiment`` killed at a moment drawn uniformly over
     the reference experiment's time (inside a cell or between cells), its registry checked, then ``erg experiment``
-    again to the end: its cells must equal the reference's, the cells finished before the kill reused."""
-    runs: list[dict[str, Any]] = []
+    again to the end: its cells must equal the reference's, the cells finished before the kill reused. ``done``:
+    the records of an earlier invocation (``--resume``), which are kept; the kills go on after them."""
+    runs: list[dict[str, Any]] = list(done)
+    if len(runs) >= args.experiment_kills:
+        return
     ref_home = work / "exp-reference"
     marker = work / "exp-reference.json"
     ref = json.loads(marker.read_text()) if marker.exists() and not args.fresh_reference else None
@@ -503,7 +516,9 @@ def experiment_kills(args, work: Path) -> Iterable[list[dict[str, Any]]]:
         marker.write_text(json.dumps(ref, indent=2))
     reference = experiment_result(ref_home, args.conf)
     rng = random.Random(args.seed + 2)
-    for j in range(args.experiment_kills):
+    for _ in runs:  # the moments the earlier invocation drew
+        rng.uniform(0.05, 0.95)
+    for j in range(len(runs), args.experiment_kills):
         home = _fresh(work / f"exp-kill-{j}", work)
         delay = round(rng.uniform(0.05, 0.95) * ref["seconds"], 1)
         print(f"experiment kill {j + 1}/{args.experiment_kills}: erg run, then erg experiment killed at {delay}s",
@@ -561,6 +576,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, default=REPO / ".erg-chaos", help="homes of the runs (removed and "
                         "recreated per kill; the references are kept and reused)")
     parser.add_argument("--fresh-reference", action="store_true", help="rerun the references even if they exist")
+    parser.add_argument("--resume", action="store_true", help="keep the kills already recorded in --out by the same "
+                        "command (a session's end or a crash stopped it) and go on after them")
     parser.add_argument("--keep", action="store_true", help="keep each killed home's models and MLflow artifacts")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "chaos.json")
     parser.add_argument("--timeout", type=float, default=4 * 3600, help="seconds one erg run may take (waiting for "
@@ -578,16 +595,41 @@ def main(argv: list[str] | None = None) -> int:
 
     ref = reference_run(args, work)
     folders = DeltaFolders()
-    runs: list[dict[str, Any]] = []
-    exp_runs: list[dict[str, Any]] = []
-    for runs in pipeline_kills(args, work, ref, folders):
+    runs, exp_runs = prior_records(args.out, command) if args.resume else ([], [])
+    if runs or exp_runs:
+        print(f"resuming: {len(runs)} erg run attempts and {len(exp_runs)} experiment kills from {args.out}",
+              file=sys.stderr)
+    for runs in pipeline_kills(args, work, ref, folders, runs):
         _write(args.out, runs, exp_runs, command, ref, args)
-    for exp_runs in experiment_kills(args, work) if args.experiment_kills else ():
+    for exp_runs in experiment_kills(args, work, exp_runs) if args.experiment_kills else ():
         _write(args.out, runs, exp_runs, command, ref, args)
     _write(args.out, runs, exp_runs, command, ref, args)
     done = [r for r in runs + exp_runs if r["killed"]]
     print(f"{len(done)} kills, {sum(bool(r.get('identical')) for r in done)} identical; {args.out}", file=sys.stderr)
     return 0 if all(r.get("identical") for r in done) else 1
+
+
+def prior_records(out: Path, command: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The run and experiment records of ``out`` (written by :func:`_write`), each with its differences back in it;
+    none unless ``out`` was written by the same ``command`` (the same kills, conf, seed and overrides)."""
+    try:
+        summary = json.loads(out.read_text())
+    except (OSError, ValueError):
+        return [], []
+    if summary.get("command") != command:
+        print(f"not resuming: {out} was written by `{summary.get('command')}`", file=sys.stderr)
+        return [], []
+    runs = [{**r, "differences": []} for r in summary.get("runs", [])]
+    exp_runs = [{**r, "differences": []} for r in summary.get("experiment_runs", [])]
+    for d in summary.get("differences", []):
+        d = dict(d)
+        if "kill" in d:
+            kill, _ = d.pop("kill"), d.pop("stage_hit", None)
+            next(r for r in runs if r["kill"] == kill and r["killed"])["differences"].append(d)
+        elif "experiment_kill" in d:
+            kill = d.pop("experiment_kill")
+            next(r for r in exp_runs if r["experiment_kill"] == kill and r["killed"])["differences"].append(d)
+    return runs, exp_runs
 
 
 def _write(out: Path, runs: list[dict], exp_runs: list[dict], command: str, ref: dict, args) -> None:

@@ -132,3 +132,36 @@ def test_registry_check_finds_an_alias_naming_a_half_written_model(tmp_path):
     assert result["aliases"] == 2
     assert [b["model"] for b in result["broken"]] == ["erg_style_classifier"]
     assert result["broken"][0]["paths"] == ["<home>/models/erg_style_classifier"]
+
+
+def test_resume_keeps_the_recorded_kills_with_their_differences(tmp_path):
+    """``--resume`` reads back what ``_write`` wrote: every record, each with its own differences, and nothing
+    from a file another command wrote."""
+    from types import SimpleNamespace
+
+    from benchmarks.chaos import _write, prior_records
+
+    runs = [{"kill": 0, "target_stage": "extract", "delay_s": 3.0, "killed": True, "stage_hit": "extract",
+             "identical": True, "differences": []},
+            {"kill": 1, "target_stage": "embed", "delay_s": 9.0, "killed": False, "stage_hit": "retrieve",
+             "note": "the run ended before the kill moment"},
+            {"kill": 1, "target_stage": "embed", "delay_s": 2.0, "killed": True, "stage_hit": "embed",
+             "identical": False, "differences": [{"table": "embeddings", "kind": "values differ"}]}]
+    exp_runs = [{"experiment_kill": 0, "killed": True, "identical": False,
+                 "differences": [{"kind": "rerun failed", "rc": 1}]}]
+    out = tmp_path / "chaos.json"
+    ref = {"seconds": 60.0, "windows": {s: 10.0 for s in STAGES}}
+    _write(out, runs, exp_runs, "python benchmarks/chaos.py --kills 2", ref, SimpleNamespace(conf="test"))
+    written = json.loads(out.read_text())
+    assert written["kills"] == 3 and written["identical"] == 1 and len(written["differences"]) == 2
+
+    got_runs, got_exp = prior_records(out, "python benchmarks/chaos.py --kills 2")
+    assert [(r["kill"], r["killed"]) for r in got_runs] == [(0, True), (1, False), (1, True)]
+    assert got_runs[0]["differences"] == [] and got_runs[1]["differences"] == []
+    assert got_runs[2]["differences"] == [{"table": "embeddings", "kind": "values differ"}]
+    assert got_exp[0]["differences"] == [{"kind": "rerun failed", "rc": 1}]
+    # written again from what was read back: the same file
+    _write(out, got_runs, got_exp, "python benchmarks/chaos.py --kills 2", ref, SimpleNamespace(conf="test"))
+    assert json.loads(out.read_text()) == written
+    assert prior_records(out, "python benchmarks/chaos.py --kills 12") == ([], [])
+    assert prior_records(tmp_path / "missing.json", "python benchmarks/chaos.py --kills 2") == ([], [])
