@@ -63,6 +63,7 @@ import pickle
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 import pandas as pd
 
@@ -514,6 +515,21 @@ class Reader:
                            unpaired_reason(path, first_path, len(names), len(first)))
         return first
 
+    @staticmethod
+    def _paired_lines(out: ReadResult, source: str, path: Path, lines: list[Line], other: Path, n_other: int,
+                      paired: Paired) -> Iterator[Line]:
+        """The lines of ``path`` that have a partner line in ``other`` (``paired``: :func:`check_paired`'s answer),
+        each counted as read; an unreadable line, or one past the last partner, goes to the quarantine with its
+        reason."""
+        for line in lines:
+            out.read += 1
+            if line.text is None:
+                out.reject(source, str(path), line.no, line.raw, line.problem)
+            elif line.no > paired.n:
+                out.reject(source, str(path), line.no, line.text, unpaired_reason(path, other, len(lines), n_other))
+            else:
+                yield line
+
     def flickrstyle(self, path: Path, *, style: str, image_names: str | list[str], source: str = "flickrstyle10k",
                     split: str | None = None, image_root: str | None = None, encoding: str = "utf-8",
                     on_misaligned: str = "error", **_: object) -> ReadResult:
@@ -522,15 +538,7 @@ class Reader:
         names = self._image_names(files, on_misaligned, out, source)
         lines, blank = trailing_blank(read_lines(path, encoding, "FlickrStyle caption file"))
         paired = check_paired(path, len(lines), files[0], len(names), on_misaligned)
-        for line in lines:
-            out.read += 1
-            if line.text is None:
-                out.reject(source, str(path), line.no, line.raw, line.problem)
-                continue
-            if line.no > paired.n:
-                out.reject(source, str(path), line.no, line.text,
-                           unpaired_reason(path, files[0], len(lines), len(names)))
-                continue
+        for line in self._paired_lines(out, source, path, lines, files[0], len(names), paired):
             name, problem = names[line.no - 1]
             if name is None:
                 out.reject(source, str(path), line.no, line.text, f"missing image id ({problem})")
@@ -645,15 +653,7 @@ class Reader:
             k = ref_file.stem.rsplit("-", 1)[-1]
             lines, blank = trailing_blank(read_lines(ref_file, encoding, "Karpathy reference file"))
             paired = check_paired(ref_file, len(lines), ids_file, len(ids), on_misaligned)
-            for line in lines:
-                out.read += 1
-                if line.text is None:
-                    out.reject(source, str(ref_file), line.no, line.raw, line.problem)
-                    continue
-                if line.no > paired.n:
-                    out.reject(source, str(ref_file), line.no, line.text,
-                               unpaired_reason(ref_file, ids_file, len(lines), len(ids)))
-                    continue
+            for line in self._paired_lines(out, source, ref_file, lines, ids_file, len(ids), paired):
                 name, image_id, problem = ids[line.no - 1]
                 if image_id is None:
                     out.reject(source, str(ref_file), line.no, line.text, f"missing image id ({problem})")
