@@ -254,10 +254,11 @@ def chaos_lines(results: Path) -> list[str]:
               else ", ".join(data.get("stages_hit") or []))
     registry = ("" if "registry_aliases_broken" not in data
                 else f"; registry aliases naming a half-written model: {data['registry_aliases_broken']}")
+    experiment = bool(per_stage.get("experiment"))
     return [f"- Kills (`chaos.json`): SIGKILLed {data['kills']} times" + (f" (in {stages})" if stages else "")
-            + ", then rerun (`erg run --incremental`" + ("; `erg experiment` again" if per_stage.get("experiment") else "")
+            + ", then rerun (`erg run --incremental`" + ("; `erg experiment` again" if experiment else "")
             + f"): {data['identical']} of {data['kills']} reruns left every table "
-            + ("and cell " if per_stage.get("experiment") else "") + f"equal to an uninterrupted run's{registry}."]
+            + ("and cell " if experiment else "") + f"equal to an uninterrupted run's{registry}."]
 
 
 def classifier_lines(results: Path) -> list[str]:
