@@ -55,4 +55,8 @@ def test_retrieval_real_reports_the_auto_choice_against_exact_search(tmp_path) -
     assert {e["kind"] for e in sweep.values()} == {"hnsw", "ivf"}
     assert all(0.0 <= e["recall_at_10"] <= 1.0 and e["speedup_vs_exact"] > 0 for e in sweep.values())
     assert result["sweep"]["fastest_meeting_target"] in sweep
+    # exact and chosen timed in turn on one subset: two turns each, and the speedup is the ratio of their sums
+    turns = result["interleaved"]
+    assert len(turns["exact_s"]) == len(turns["chosen_s"]) == 2 and turns["queries"] > 0
+    assert turns["speedup_vs_exact"] == pytest.approx(sum(turns["exact_s"]) / sum(turns["chosen_s"]))
     json.dumps(result)  # what scale.json stores
