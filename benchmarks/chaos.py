@@ -421,6 +421,12 @@ def observed_windows(banner_times: dict[str, float]) -> dict[str, float]:
     return {s: banner_times[n] - banner_times[s] for s, n in zip(order, order[1:])}
 
 
+def _narrow(windows: dict[str, float], observed: dict[str, float]) -> None:
+    """Each stage's kill window shrunk to the shortest duration seen (at least 0.5 s), so a kill lands in it."""
+    for name, seconds in observed.items():
+        windows[name] = max(0.5, min(windows[name], seconds))
+
+
 def pipeline_kills(args, work: Path, ref: dict[str, Any], folders: "DeltaFolders",
                    done: list[dict[str, Any]] = ()) -> Iterable[list[dict[str, Any]]]:
     """``--kills`` kills of ``erg run`` and more until every stage was hit ``--min-per-stage`` times; each killed
@@ -429,8 +435,7 @@ def pipeline_kills(args, work: Path, ref: dict[str, Any], folders: "DeltaFolders
     ref_home = work / "reference"
     windows = dict(ref["windows"])
     for record in done:
-        for name, seconds in (record.get("observed_windows") or {}).items():
-            windows[name] = max(0.5, min(windows[name], seconds))
+        _narrow(windows, record.get("observed_windows") or {})
     plan = kill_plan(args.kills, args.seed, dict(ref["windows"]))
     rng = random.Random(f"{args.seed + 1}:{len(done)}")  # a resumed invocation draws its own redraws
     hits = {s: sum(1 for r in done if r["killed"] and r["stage_hit"] == s) for s in STAGES}
@@ -450,8 +455,7 @@ def pipeline_kills(args, work: Path, ref: dict[str, Any], folders: "DeltaFolders
         killed = run_and_kill(erg_command(args.conf, args.set, lock=args.lock), _env(home), work / f"kill-{k}.log",
                               stage=stage, delay=delay, timeout=args.timeout)
         observed = observed_windows(killed["banner_times"])
-        for name, seconds in observed.items():
-            windows[name] = max(0.5, min(windows[name], seconds))
+        _narrow(windows, observed)
         record: dict[str, Any] = {"kill": k, "target_stage": stage, "delay_s": delay, **{
             key: killed[key] for key in ("killed", "stage_hit", "seconds")},
             "observed_windows": {name: round(seconds, 1) for name, seconds in observed.items()}}
