@@ -32,7 +32,10 @@ what differed:
 
     python benchmarks/chaos.py --kills 12 --experiment-kills 2 --conf local --work .erg-chaos
     python benchmarks/chaos.py --kills 2 --min-per-stage 0 --experiment-kills 1 --conf test --work .erg-chaos-test \
-        --out /tmp/chaos.json   # a quick check
+        --experiment-conf local --out /tmp/chaos.json   # a quick check
+
+``--conf test``'s sample is too small for an experiment (one or two test images a style): ``--experiment-conf
+local`` runs the experiment homes on the local default while the kills of ``erg run`` stay on ``test``.
 
 A session's end or a crash stops the kills; the same command with ``--resume`` keeps the kills ``--out`` records
 and goes on after them (the references are reused).
@@ -494,6 +497,14 @@ def pipeline_kills(args, work: Path, ref: dict[str, Any], folders: "DeltaFolders
         yield runs
 
 
+def experiment_conf(args) -> tuple[str, list[str]]:
+    """The conf and overrides of the experiment homes: ``--experiment-conf`` (default ``--conf``) with ``--set`` and
+    then ``--experiment-set`` (an experiment needs test images with scene features: ``--conf test``'s tiny sample
+    has one or two a style, so the kills of ``erg run`` can stay small while the experiment runs on ``local``)."""
+    conf = args.experiment_conf or args.conf
+    return conf, (list(args.set) if conf == args.conf else []) + list(args.experiment_set)
+
+
 def experiment_kills(args, work: Path, done: list[dict[str, Any]] = ()) -> Iterable[list[dict[str, Any]]]:
     """``--experiment-kills`` kills of ``erg experiment``: a reference home runs ``erg run`` and ``erg experiment``
     uninterrupted; each kill home runs ``erg run``, then ``erg experiment`` killed at a moment drawn uniformly over
@@ -503,22 +514,23 @@ def experiment_kills(args, work: Path, done: list[dict[str, Any]] = ()) -> Itera
     runs: list[dict[str, Any]] = list(done)
     if len(runs) >= args.experiment_kills:
         return
+    conf, overrides = experiment_conf(args)
     ref_home = work / "exp-reference"
     marker = work / "exp-reference.json"
     ref = json.loads(marker.read_text()) if marker.exists() and not args.fresh_reference else None
-    if ref is None or ref.get("conf") != args.conf or ref.get("overrides") != args.set:
+    if ref is None or ref.get("conf") != conf or ref.get("overrides") != overrides:
         ref_home = _fresh(ref_home, work)
         print(f"experiment reference: erg run + erg experiment in {ref_home}", file=sys.stderr)
-        if run_and_kill(erg_command(args.conf, args.set, lock=args.lock), _env(ref_home), work / "exp-reference.run.log",
+        if run_and_kill(erg_command(conf, overrides, lock=args.lock), _env(ref_home), work / "exp-reference.run.log",
                         timeout=args.timeout)["rc"] != 0:
             raise SystemExit(f"the experiment reference's erg run failed; see {work / 'exp-reference.run.log'}")
-        done = run_and_kill(experiment_command(args.conf, args.set, args.lock), _env(ref_home),
+        done = run_and_kill(experiment_command(conf, overrides, args.lock), _env(ref_home),
                             work / "exp-reference.log", timeout=args.timeout)
         if done["rc"] != 0:
             raise SystemExit(f"the reference experiment failed; see {work / 'exp-reference.log'}")
-        ref = {"conf": args.conf, "overrides": args.set, "seconds": done["seconds"]}
+        ref = {"conf": conf, "overrides": overrides, "seconds": done["seconds"]}
         marker.write_text(json.dumps(ref, indent=2))
-    reference = experiment_result(ref_home, args.conf)
+    reference = experiment_result(ref_home, conf)
     rng = random.Random(args.seed + 2)
     for _ in runs:  # the moments the earlier invocation drew
         rng.uniform(0.05, 0.95)
@@ -527,10 +539,10 @@ def experiment_kills(args, work: Path, done: list[dict[str, Any]] = ()) -> Itera
         delay = round(rng.uniform(0.05, 0.95) * ref["seconds"], 1)
         print(f"experiment kill {j + 1}/{args.experiment_kills}: erg run, then erg experiment killed at {delay}s",
               file=sys.stderr)
-        if run_and_kill(erg_command(args.conf, args.set, lock=args.lock), _env(home), work / f"exp-kill-{j}.run.log",
+        if run_and_kill(erg_command(conf, overrides, lock=args.lock), _env(home), work / f"exp-kill-{j}.run.log",
                         timeout=args.timeout)["rc"] != 0:
             raise SystemExit(f"erg run failed in {home}; see {work / f'exp-kill-{j}.run.log'}")
-        cmd = experiment_command(args.conf, args.set, args.lock)
+        cmd = experiment_command(conf, overrides, args.lock)
         started = time.monotonic()
         with (work / f"exp-kill-{j}.log").open("w") as out:
             proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=_env(home), cwd=str(REPO),
@@ -553,7 +565,7 @@ def experiment_kills(args, work: Path, done: list[dict[str, Any]] = ()) -> Itera
             record.update({"identical": False, "differences": [{"kind": "rerun failed", "rc": rerun["rc"],
                            "log_tail": (work / f"exp-kill-{j}.rerun.log").read_text(errors="replace")[-1500:]}]})
         else:
-            result = experiment_result(home, args.conf)
+            result = experiment_result(home, conf)
             record["differences"] = compare_experiments(reference, result)
             record["cell_counts"] = result.get("cell_counts")
             broken = registry_check(home)["broken"] + record["registry_after_kill"]["broken"]
@@ -576,6 +588,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--experiment-kills", type=int, default=2, help="kills of erg experiment (0: none)")
     parser.add_argument("--conf", default="local", help="conf of every run (local: the generated sample)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="conf overrides")
+    parser.add_argument("--experiment-conf", default=None, help="conf of the experiment homes' erg run and erg "
+                        "experiment (default: --conf, with --set)")
+    parser.add_argument("--experiment-set", action="append", default=[], metavar="KEY=VALUE",
+                        help="conf overrides of the experiment homes only")
     parser.add_argument("--seed", type=int, default=2021, help="seed of the stages' order and the moments")
     parser.add_argument("--work", type=Path, default=REPO / ".erg-chaos", help="homes of the runs (removed and "
                         "recreated per kill; the references are kept and reused)")
@@ -595,7 +611,9 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     command = " ".join(["python", "benchmarks/chaos.py", "--kills", str(args.kills), "--min-per-stage",
                         str(args.min_per_stage), "--experiment-kills", str(args.experiment_kills), "--conf", args.conf,
-                        "--seed", str(args.seed), *[f"--set {s}" for s in args.set]])
+                        "--seed", str(args.seed), *[f"--set {s}" for s in args.set]]
+                       + (["--experiment-conf", args.experiment_conf] if args.experiment_conf else [])
+                       + [f"--experiment-set {s}" for s in args.experiment_set])
 
     ref = reference_run(args, work)
     folders = DeltaFolders()
@@ -613,24 +631,32 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if all(r.get("identical") for r in done) else 1
 
 
+def _pipeline_part(command: str) -> str:
+    """``command`` without its experiment options: what the kills of ``erg run`` depend on."""
+    return re.sub(r" --experiment-(?:conf|set) \S+", "", command)
+
+
 def prior_records(out: Path, command: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The run and experiment records of ``out`` (written by :func:`_write`), each with its differences back in it;
-    none unless ``out`` was written by the same ``command`` (the same kills, conf, seed and overrides)."""
+    none unless ``out`` was written by the same ``command`` (the same kills, conf, seed and overrides). The kills
+    of ``erg run`` are kept where only the experiment options (``--experiment-conf``, ``--experiment-set``) differ,
+    the experiment kills only where the whole command is the same."""
     try:
         summary = json.loads(out.read_text())
     except (OSError, ValueError):
         return [], []
-    if summary.get("command") != command:
-        print(f"not resuming: {out} was written by `{summary.get('command')}`", file=sys.stderr)
+    written = summary.get("command") or ""
+    if _pipeline_part(written) != _pipeline_part(command):
+        print(f"not resuming: {out} was written by `{written}`", file=sys.stderr)
         return [], []
     runs = [{**r, "differences": []} for r in summary.get("runs", [])]
-    exp_runs = [{**r, "differences": []} for r in summary.get("experiment_runs", [])]
+    exp_runs = [{**r, "differences": []} for r in summary.get("experiment_runs", [])] if written == command else []
     for d in summary.get("differences", []):
         d = dict(d)
         if "kill" in d:
             kill, _ = d.pop("kill"), d.pop("stage_hit", None)
             next(r for r in runs if r["kill"] == kill and r["killed"])["differences"].append(d)
-        elif "experiment_kill" in d:
+        elif "experiment_kill" in d and exp_runs:
             kill = d.pop("experiment_kill")
             next(r for r in exp_runs if r["experiment_kill"] == kill and r["killed"])["differences"].append(d)
     return runs, exp_runs
@@ -653,6 +679,8 @@ def _write(out: Path, runs: list[dict], exp_runs: list[dict], command: str, ref:
         "differences": differences,
         "command": command,
         "conf": args.conf,
+        **({"experiment_conf": experiment_conf(args)[0], "experiment_overrides": experiment_conf(args)[1]}
+           if getattr(args, "experiment_kills", 0) else {}),
         "rerun": "erg run --incremental; erg experiment (the same command: finished cells are reused)",
         "reference_seconds": ref["seconds"],
         "reference_stage_seconds": {s: round(v, 1) for s, v in ref["windows"].items()},

@@ -165,3 +165,21 @@ def test_resume_keeps_the_recorded_kills_with_their_differences(tmp_path):
     assert json.loads(out.read_text()) == written
     assert prior_records(out, "python benchmarks/chaos.py --kills 12") == ([], [])
     assert prior_records(tmp_path / "missing.json", "python benchmarks/chaos.py --kills 2") == ([], [])
+    # other experiment options: the kills of erg run are kept, the experiment kills start again
+    got_runs, got_exp = prior_records(out, "python benchmarks/chaos.py --kills 2 --experiment-conf local "
+                                           "--experiment-set train.epochs=1")
+    assert len(got_runs) == 3 and got_runs[2]["differences"] and got_exp == []
+
+
+def test_the_experiment_homes_take_their_own_conf_and_overrides():
+    from types import SimpleNamespace
+
+    from benchmarks.chaos import experiment_conf
+
+    assert experiment_conf(SimpleNamespace(conf="test", set=["a=1"], experiment_conf=None, experiment_set=[])) == (
+        "test", ["a=1"])
+    # --set belongs to --conf: another experiment conf takes only --experiment-set
+    assert experiment_conf(SimpleNamespace(conf="test", set=["a=1"], experiment_conf="local",
+                                           experiment_set=["b=2"])) == ("local", ["b=2"])
+    assert experiment_conf(SimpleNamespace(conf="test", set=["a=1"], experiment_conf="test",
+                                           experiment_set=["b=2"])) == ("test", ["a=1", "b=2"])
