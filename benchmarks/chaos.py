@@ -517,7 +517,8 @@ def experiment_kills(args, work: Path, done: list[dict[str, Any]] = ()) -> Itera
     conf, overrides = experiment_conf(args)
     ref_home = work / "exp-reference"
     marker = work / "exp-reference.json"
-    ref = json.loads(marker.read_text()) if marker.exists() and not args.fresh_reference else None
+    fresh = args.fresh_reference or getattr(args, "fresh_experiment", False)
+    ref = json.loads(marker.read_text()) if marker.exists() and not fresh else None
     if ref is None or ref.get("conf") != conf or ref.get("overrides") != overrides:
         ref_home = _fresh(ref_home, work)
         print(f"experiment reference: erg run + erg experiment in {ref_home}", file=sys.stderr)
@@ -596,6 +597,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, default=REPO / ".erg-chaos", help="homes of the runs (removed and "
                         "recreated per kill; the references are kept and reused)")
     parser.add_argument("--fresh-reference", action="store_true", help="rerun the references even if they exist")
+    parser.add_argument("--fresh-experiment", action="store_true", help="with --resume: keep the recorded kills of "
+                        "erg run, but rerun the experiment reference and the experiment kills (the experiment's "
+                        "code changed)")
     parser.add_argument("--resume", action="store_true", help="keep the kills already recorded in --out by the same "
                         "command (a session's end or a crash stopped it) and go on after them")
     parser.add_argument("--keep", action="store_true", help="keep each killed home's models and MLflow artifacts")
@@ -618,6 +622,8 @@ def main(argv: list[str] | None = None) -> int:
     ref = reference_run(args, work)
     folders = DeltaFolders()
     runs, exp_runs = prior_records(args.out, command) if args.resume else ([], [])
+    if args.fresh_experiment:
+        exp_runs = []
     if runs or exp_runs:
         print(f"resuming: {len(runs)} erg run attempts and {len(exp_runs)} experiment kills from {args.out}",
               file=sys.stderr)

@@ -258,13 +258,20 @@ def _launch(cfg: ErgConfig, function, argument) -> None:
                          use_gpu=t.use_gpu).run(function, argument)
 
 
+SNAPSHOT_ORDER: tuple[str, ...] = ("pair_id", "origin", "style", "caption", "image_id")
+"""The training snapshot's row order (a range-partitioned sort: part files in order, each sorted)."""
+
+
 def snapshot_config(spark: SparkSession, cfg: ErgConfig, pairs: DataFrame, folder: Path, regions: int
                     ) -> tuple[dict[str, Any], int, str | None]:
     """Write ``pairs`` (with ``features`` and ``n_regions``, none null) as the training snapshot under
-    ``folder/data``; returns (the worker config training ``train.captioner`` on it into ``folder/model``, number of
-    snapshot files, the reader fallback's reason or None)."""
+    ``folder/data``, in one order whatever Spark's partitions held (:data:`SNAPSHOT_ORDER`: the workers shuffle with
+    a seeded sampler over the rows as they read them, so the same pairs train the same model in any home); returns
+    (the worker config training ``train.captioner`` on it into ``folder/model``, number of snapshot files, the
+    reader fallback's reason or None)."""
     snapshot = pairs.select("features", "n_regions", "style", "caption", "origin", "pair_id", "image_id",
                             F.coalesce(F.col("source_caption"), F.lit("")).alias(SOURCE_COLUMN))
+    snapshot = snapshot.orderBy(*SNAPSHOT_ORDER)
     files, fallback = write_snapshot(spark, snapshot, folder / "data", cfg.train.reader)
     return worker_config(cfg, files, folder / "model", regions, "n_regions"), len(files), fallback
 

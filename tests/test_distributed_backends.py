@@ -160,3 +160,28 @@ def test_horovod_spark_run_trains_two_gloo_processes(spark, tmp_path: Path) -> N
     model = load_captioner(tmp_path / "model")
     assert model.vocab.styles == ("humor", "romantic")
     assert len(greedy_decode(model, torch.zeros(2, FEATURE_DIM), "humor", max_len=8, no_repeat_ngram_size=0)) == 2
+
+
+@pytest.mark.spark
+def test_the_training_snapshot_has_one_row_order_whatever_the_partitions(spark, tmp_path: Path) -> None:
+    """The workers shuffle with a seeded sampler over the rows in the order they read them: the same pairs must
+    reach them in the same order from any home, however Spark's partitions (shuffles, joins) held them."""
+    from jobs.platform.config import load_config
+    from jobs.train import snapshot_config
+    from models.captioner_training import read_caption_parquet
+
+    rows = [(feat, 1, style, caption, "original" if i % 3 else "augmented", f"p{i:03d}", f"img{i % 7}", "")
+            for i, (feat, style, caption) in enumerate(_pairs(repeats=4))]
+    ddl = ("features array<float>, n_regions int, style string, caption string, origin string, pair_id string, "
+           "image_id string, source_caption string")
+    cfg = load_config("test", [f"home={tmp_path}"])
+    orders = []
+    for name, frame in (("a", spark.createDataFrame(rows, ddl).repartition(3)),
+                        ("b", spark.createDataFrame(rows[::-1], ddl).repartition(5, "caption"))):
+        config, n_files, _ = snapshot_config(spark, cfg, frame, tmp_path / name, 1)
+        assert n_files >= 1
+        data = read_caption_parquet(config["train_paths"])
+        orders.append((list(data.captions), data.features[:, 0, 0].tolist()))
+    expected = sorted(rows, key=lambda r: r[5])
+    assert orders[0] == orders[1]
+    assert orders[0][0] == [r[3] for r in expected]
