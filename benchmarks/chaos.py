@@ -497,6 +497,17 @@ def pipeline_kills(args, work: Path, ref: dict[str, Any], folders: "DeltaFolders
         yield runs
 
 
+def cells_snapshotted(console: Path) -> int:
+    """Cells whose training snapshot the killed ``erg experiment`` wrote (``experiment cell ...: N original + M
+    augmented pairs`` in the log file under the home, whose path the console's first line names)."""
+    first = console.read_text(errors="replace").splitlines()[:1]
+    path = Path(first[0][len("log: "):].strip()) if first and first[0].startswith("log: ") else None
+    if path is None or not path.exists():
+        return 0
+    return sum(1 for line in path.read_text(errors="replace").splitlines()
+               if "experiment cell " in line and "augmented pairs" in line)
+
+
 def experiment_conf(args) -> tuple[str, list[str]]:
     """The conf and overrides of the experiment homes: ``--experiment-conf`` (default ``--conf``) with ``--set`` and
     then ``--experiment-set`` (an experiment needs test images with scene features: ``--conf test``'s tiny sample
@@ -553,10 +564,9 @@ def experiment_kills(args, work: Path, done: list[dict[str, Any]] = ()) -> Itera
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-        log = (work / f"exp-kill-{j}.log").read_text(errors="replace")
         record: dict[str, Any] = {"experiment_kill": j, "delay_s": delay, "killed": proc.returncode == -9,
                                   "seconds": round(time.monotonic() - started, 1),
-                                  "cells_logged_before_kill": log.count("experiment cell ")}
+                                  "cells_snapshotted_before_kill": cells_snapshotted(work / f"exp-kill-{j}.log")}
         if not record["killed"]:
             record["note"] = f"the experiment ended (exit {proc.returncode}) before the kill moment"
         record["registry_after_kill"] = registry_check(home)

@@ -183,3 +183,17 @@ def test_the_experiment_homes_take_their_own_conf_and_overrides():
                                            experiment_set=["b=2"])) == ("local", ["b=2"])
     assert experiment_conf(SimpleNamespace(conf="test", set=["a=1"], experiment_conf="test",
                                            experiment_set=["b=2"])) == ("test", ["a=1", "b=2"])
+
+
+def test_cells_snapshotted_counts_the_home_log_named_on_the_console(tmp_path: Path) -> None:
+    from benchmarks.chaos import cells_snapshotted
+
+    home_log = tmp_path / "experiment.log"
+    home_log.write_text("INFO experiment cell humor/nic/original#seed=23: 40 original + 0 augmented pairs\n"
+                        "INFO experiment cell humor/nic/augmented#seed=23: 40 original + 38 augmented pairs\n"
+                        "INFO experiment cell humor/nic/original#seed=23: reused from run abc\n")
+    console = tmp_path / "console.log"
+    console.write_text(f"log: {home_log}\n1/5 ingest\n")
+    assert cells_snapshotted(console) == 2
+    console.write_text("Traceback (most recent call last):\n")
+    assert cells_snapshotted(console) == 0
