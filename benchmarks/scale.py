@@ -37,7 +37,7 @@ each part does:
     that index then searches every query, timed, and its recall@10 against exact is measured on
     ``--recall-queries`` held queries the tuning never saw. ``speedup_vs_exact`` is search against search;
     ``speedup_vs_exact_with_build`` adds each index's build.
-  - ``sweep``: every rung of the HNSW ef_search and IVF nprobe ladders, recall on the held queries and time on a
+  - ``sweep``: every rung of the HNSW, HNSW-SQ8 ef_search and IVF nprobe ladders, recall on the held queries and time on a
     fixed subset (``--sweep-time-queries``); ``fastest_meeting_target`` is the fastest with recall@10 >= 0.95.
 - ``sizes``: the scale corpus of the sample's generator, 10K / 100K / 1M factual captions over a fixed set of
   images and stylized captions. Ingest, embed and retrieve run as jobs on a standalone cluster (1 master + 2 workers
@@ -528,7 +528,7 @@ def retrieval_real(args, real: dict[str, Any]) -> dict:
     flat_sub = sum(turns["exact"]) / len(turns["exact"]) * n_queries / len(sweep_rows)  # the ladder's exact
     del flat
     sweep: dict[str, Any] = {}
-    for kind in ("hnsw", "ivf"):
+    for kind in ("hnsw", "hnsw_sq8", "ivf"):
         if kind == tuning.index_type:
             built, index = result["auto"]["build_s"], chosen
         else:
@@ -537,10 +537,10 @@ def retrieval_real(args, real: dict[str, Any]) -> dict:
                                       nprobe=1, hnsw_m=conf.hnsw_m, ef_search=EF_SEARCH_LADDER[0],
                                       ef_construction=conf.ef_construction)
             built = time.perf_counter() - started
-        ladder = (EF_SEARCH_LADDER if kind == "hnsw"
+        ladder = (EF_SEARCH_LADDER if kind != "ivf"
                   else [p for p in NPROBE_LADDER if p <= index.params["nlist"]])
         for value in ladder:
-            setting = index.with_search_params(**{"ef_search" if kind == "hnsw" else "nprobe": value})
+            setting = index.with_search_params(**{"ef_search" if kind != "ivf" else "nprobe": value})
             recall = float(recall_per_query(truth, timed_search(setting.faiss_index, queries[held], k)[0]).mean())
             projected = timed_search(setting.faiss_index, queries[sweep_rows], k)[1] * n_queries / len(sweep_rows)
             name = _setting_name(kind, setting.params)
@@ -568,8 +568,9 @@ def _setting_name(kind: str, params: dict[str, int]) -> str:
     """``flat``, ``ivf1024/nprobe8``, ``hnsw32/efc200/ef64``: an index and its search setting."""
     if kind == "ivf":
         return f"ivf{params['nlist']}/nprobe{params['nprobe']}"
-    if kind == "hnsw":
-        return f"hnsw{params['hnsw_m']}/efc{params['ef_construction']}/ef{params['ef_search']}"
+    if kind in ("hnsw", "hnsw_sq8"):
+        return (f"hnsw{params['hnsw_m']}{'sq8' if kind == 'hnsw_sq8' else ''}/efc{params['ef_construction']}"
+                f"/ef{params['ef_search']}")
     return kind
 
 

@@ -14,6 +14,9 @@ Three index types:
   scanned per query.
 - ``hnsw``: ``IndexHNSWFlat`` with ``METRIC_INNER_PRODUCT``, ``hnsw_m`` links per node, built with
   ``ef_construction`` candidates per insertion, ``ef_search`` candidates per query.
+- ``hnsw_sq8``: the same graph over the vectors quantized to 8 bits a component (``IndexHNSWSQ``, ``QT_8bit``: a
+  quarter of the bytes to fetch per visited node), its top ``REFINE_K_FACTOR * k`` re-ranked by the exact inner
+  product (``IndexRefineFlat``), so the scores it returns are exact cosines.
 
 :func:`tune_scene_index` chooses among them from a target recall (the ``auto`` index type): exact ``flat`` up to
 ``exact_max_items`` scenes; beyond, each candidate index is built once and searched with a sample of the real
@@ -65,7 +68,11 @@ RETRIEVAL_TYPES: dict[str, tuple[str, str]] = {
 }
 """Retrieval type -> (query modality of the factual pair, target modality in the stylized set)."""
 
-INDEX_TYPES: tuple[str, ...] = ("flat", "ivf", "hnsw")
+INDEX_TYPES: tuple[str, ...] = ("flat", "ivf", "hnsw", "hnsw_sq8")
+HNSW_TYPES: tuple[str, ...] = ("hnsw", "hnsw_sq8")
+"""The graph indexes: built with ``hnsw_m`` / ``ef_construction``, searched with ``ef_search``; CPU only."""
+REFINE_K_FACTOR = 2
+"""``hnsw_sq8`` re-ranks this many times k quantized candidates by the exact inner product."""
 GPU_FALLBACKS: tuple[str, ...] = ("cpu", "error")
 """What ``use_gpu`` does where the index cannot go to a GPU: search on CPU (recorded), or raise."""
 PAPER_SIMILARITY_THRESHOLD = 0.6
@@ -88,7 +95,7 @@ def faiss_gpu_fallback_reason(index_type: str) -> str | None:
                 "(the wheel's [gpu] extra, faiss-gpu-cu12) on the GPU machines")
     if faiss.get_num_gpus() == 0:
         return "Faiss (with GPU support) sees no GPU on this machine (no CUDA device, or CUDA_VISIBLE_DEVICES is empty)"
-    if index_type == "hnsw":
+    if index_type in HNSW_TYPES:
         return "Faiss has no GPU HNSW index: use index type flat or ivf for a GPU search"
     return None
 
@@ -170,8 +177,29 @@ def default_nlist(count: int) -> int:
 def _apply_search_params(index: faiss.Index, index_type: str, params: dict[str, int]) -> None:
     if index_type == "ivf":
         faiss.extract_index_ivf(index).nprobe = params["nprobe"]
-    elif index_type == "hnsw":
-        index.hnsw.efSearch = params["ef_search"]
+    elif index_type in HNSW_TYPES:
+        _graph(index).hnsw.efSearch = params["ef_search"]
+
+
+def _graph(index: faiss.Index) -> faiss.IndexHNSW:
+    """The HNSW index of an ``hnsw`` (itself) or ``hnsw_sq8`` (the base of its refine) index."""
+    return faiss.downcast_index(index.base_index) if isinstance(index, faiss.IndexRefine) else index
+
+
+def _hnsw_index(index_type: str, dim: int, hnsw_m: int, ef_construction: int, array: np.ndarray) -> faiss.Index:
+    """An ``hnsw`` or ``hnsw_sq8`` index of ``array`` (trained, filled)."""
+    if index_type == "hnsw":
+        index = faiss.IndexHNSWFlat(dim, hnsw_m, faiss.METRIC_INNER_PRODUCT)
+        index.hnsw.efConstruction = ef_construction
+        index.add(array)
+        return index
+    graph = faiss.IndexHNSWSQ(dim, faiss.ScalarQuantizer.QT_8bit, hnsw_m, faiss.METRIC_INNER_PRODUCT)
+    graph.hnsw.efConstruction = ef_construction
+    index = faiss.IndexRefineFlat(graph)
+    index.k_factor = REFINE_K_FACTOR
+    index.train(array)
+    index.add(array)
+    return index
 
 
 class SceneIndex:
@@ -215,7 +243,7 @@ class SceneIndex:
         this index keeps searching with its own parameters. Build parameters (``nlist``, ``hnsw_m``,
         ``ef_construction``) cannot change.
         """
-        allowed = {"ivf": {"nprobe"}, "hnsw": {"ef_search"}}.get(self.index_type, set())
+        allowed = {"ivf": {"nprobe"}, "hnsw": {"ef_search"}, "hnsw_sq8": {"ef_search"}}.get(self.index_type, set())
         unknown = sorted(set(changes) - allowed)
         if unknown:
             raise ValueError(
@@ -347,9 +375,9 @@ def build_scene_index(
     ``vectors``: float32 [n, d] L2-normalised (as every ``SceneEncoder`` returns them); ``scene_ids``:
     n distinct strings, row i naming the scene of ``vectors[i]``. ``index_type``: ``flat`` (exact),
     ``ivf`` (``nlist`` lists, default :func:`default_nlist`, ``nprobe`` scanned per query, capped at
-    ``nlist``) or ``hnsw`` (``hnsw_m`` links per node, ``ef_construction`` candidates per insertion while it is
+    ``nlist``), ``hnsw`` (``hnsw_m`` links per node, ``ef_construction`` candidates per insertion while it is
     built: Faiss's default is 40, a larger one builds a better graph at the same search cost; ``ef_search``
-    candidates per query).
+    candidates per query) or ``hnsw_sq8`` (the same over 8-bit quantized vectors, re-ranked exactly).
     ``use_gpu`` moves the flat or IVF index to every GPU with ``faiss.index_cpu_to_all_gpus`` when
     faiss-gpu sees one (``faiss.get_num_gpus() > 0``); otherwise (or for ``hnsw``) ``gpu_fallback="cpu"``
     searches on CPU and records why in :attr:`SceneIndex.gpu_fallback_reason`, and ``gpu_fallback="error"``
@@ -383,16 +411,17 @@ def build_scene_index(
             "ef_search": _positive_int(ef_search, "ef_search"),
             "ef_construction": _positive_int(ef_construction, "ef_construction"),
         }
-        index = faiss.IndexHNSWFlat(dim, params["hnsw_m"], faiss.METRIC_INNER_PRODUCT)
-        index.hnsw.efConstruction = params["ef_construction"]
-    index.add(array)
+        index = _hnsw_index(index_type, dim, params["hnsw_m"], params["ef_construction"], array)
+    if index_type not in HNSW_TYPES:
+        index.add(array)
     return SceneIndex(index, ids, index_type, params, use_gpu=use_gpu, gpu_fallback=gpu_fallback)
 
 
 # ------------------------------------------------------------------------------------------------------ auto
-AUTO_CANDIDATES_CPU: tuple[str, ...] = ("hnsw", "ivf")
+AUTO_CANDIDATES_CPU: tuple[str, ...] = ("hnsw", "hnsw_sq8", "ivf")
 AUTO_CANDIDATES_GPU: tuple[str, ...] = ("ivf",)
-"""The approximate indexes ``auto`` tries: on CPU HNSW and IVF; for a GPU search IVF only (Faiss has no GPU HNSW)."""
+"""The approximate indexes ``auto`` tries: on CPU HNSW (over float and 8-bit vectors) and IVF; for a GPU search IVF
+only (Faiss has no GPU HNSW)."""
 EF_SEARCH_LADDER: tuple[int, ...] = (16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 NPROBE_LADDER: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 """The search settings ``auto`` walks, cheapest first, until one meets the target recall."""
@@ -448,7 +477,7 @@ class IndexTuning:
     @property
     def search_param(self) -> str:
         """The chosen search parameter as ``name=value`` (``ef_search=48``, ``nprobe=16``); ``none`` for exact."""
-        name = {"hnsw": "ef_search", "ivf": "nprobe"}.get(self.index_type)
+        name = {"hnsw": "ef_search", "hnsw_sq8": "ef_search", "ivf": "nprobe"}.get(self.index_type)
         return f"{name}={self.params[name]}" if name else "none"
 
     def as_dict(self) -> dict:
@@ -477,10 +506,8 @@ def _candidate(kind: str, array: np.ndarray, nlist: int, hnsw_m: int, ef_constru
                ) -> tuple[faiss.Index, dict[str, int], str, tuple[int, ...]]:
     """A built candidate index of ``kind``, its build parameters, its search parameter's name and ladder."""
     count, dim = array.shape
-    if kind == "hnsw":
-        index = faiss.IndexHNSWFlat(dim, hnsw_m, faiss.METRIC_INNER_PRODUCT)
-        index.hnsw.efConstruction = ef_construction
-        index.add(array)
+    if kind in HNSW_TYPES:
+        index = _hnsw_index(kind, dim, hnsw_m, ef_construction, array)
         return index, {"hnsw_m": hnsw_m, "ef_construction": ef_construction}, "ef_search", EF_SEARCH_LADDER
     if kind == "ivf":
         lists = max(1, min(nlist, count // 39))  # at least 39 training points per list, as default_nlist

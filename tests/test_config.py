@@ -71,7 +71,7 @@ def test_overrides_parse_yaml_scalars():
 
 @pytest.mark.parametrize("override, key, allowed", [
     ("extract.eps=1.5", "extract.eps", "less than 1"),
-    ("retrieve.index.type=kmeans", "retrieve.index.type", "'auto', 'flat', 'ivf' or 'hnsw'"),
+    ("retrieve.index.type=kmeans", "retrieve.index.type", "'auto', 'flat', 'ivf', 'hnsw' or 'hnsw_sq8'"),
     ("retrieve.index.target_recall=1.5", "retrieve.index.target_recall", "less than or equal to 1"),
     ("retrieve.index.target_recall=0", "retrieve.index.target_recall", "greater than 0"),
     ("retrieve.index.min_speedup=-1", "retrieve.index.min_speedup", "greater than or equal to 0"),

@@ -52,7 +52,7 @@ def test_retrieval_real_reports_the_auto_choice_against_exact_search(tmp_path) -
     assert result["chosen"] == f"hnsw{auto['params']['hnsw_m']}/efc{auto['params']['ef_construction']}/" \
                                f"ef{auto['params']['ef_search']}"
     sweep = result["sweep"]["settings"]
-    assert {e["kind"] for e in sweep.values()} == {"hnsw", "ivf"}
+    assert {e["kind"] for e in sweep.values()} == {"hnsw", "hnsw_sq8", "ivf"}
     assert all(0.0 <= e["recall_at_10"] <= 1.0 and e["speedup_vs_exact"] > 0 for e in sweep.values())
     assert result["sweep"]["fastest_meeting_target"] in sweep
     # exact and chosen timed in turn on one subset: two turns each, and the speedup is the ratio of their sums

@@ -102,7 +102,7 @@ def test_query_with_no_hit_above_threshold_has_no_row() -> None:
 
 @pytest.mark.parametrize(
     ("index_type", "options"),
-    [("ivf", {"nlist": 16, "nprobe": 12}), ("hnsw", {})],
+    [("ivf", {"nlist": 16, "nprobe": 12}), ("hnsw", {}), ("hnsw_sq8", {})],
 )
 def test_approximate_indexes_recall_on_uniform_random_vectors(index_type: str, options: dict) -> None:
     rng = np.random.default_rng(2)
@@ -114,7 +114,7 @@ def test_approximate_indexes_recall_on_uniform_random_vectors(index_type: str, o
     assert recall_at(approx, exact, 100, 10) >= 0.9
 
 
-@pytest.mark.parametrize("index_type", ["ivf", "hnsw"])
+@pytest.mark.parametrize("index_type", ["ivf", "hnsw", "hnsw_sq8"])
 def test_approximate_indexes_with_defaults_recall_on_clustered_vectors(index_type: str) -> None:
     rng = np.random.default_rng(3)
     centres = rng.standard_normal((40, 32))
@@ -149,7 +149,7 @@ def test_with_search_params_searches_a_copy_and_leaves_the_index_as_it_was() -> 
         narrow.with_search_params(nprobe=0)
 
 
-@pytest.mark.parametrize("index_type", ["flat", "ivf", "hnsw"])
+@pytest.mark.parametrize("index_type", ["flat", "ivf", "hnsw", "hnsw_sq8"])
 def test_serialization_round_trip_gives_identical_results(index_type: str) -> None:
     rng = np.random.default_rng(4)
     vectors, queries = uniform_sphere(rng, 800, 16), uniform_sphere(rng, 30, 16)
@@ -236,6 +236,25 @@ def test_hnsw_is_built_with_the_configured_ef_construction() -> None:
     assert build_scene_index(vectors, scene_ids(300), index_type="hnsw").params["ef_construction"] == 200
     with pytest.raises(ValueError, match="ef_construction"):
         build_scene_index(vectors, scene_ids(300), index_type="hnsw", ef_construction=0)
+
+
+def test_hnsw_sq8_returns_exact_cosines_and_takes_ef_search_through_its_refine() -> None:
+    """The graph walks 8-bit codes, but its candidates are re-ranked by the exact inner product: a hit's similarity
+    is the float cosine, as flat search gives it."""
+    rng = np.random.default_rng(6)
+    vectors, queries = uniform_sphere(rng, 1500, 32), uniform_sphere(rng, 40, 32)
+    index = build_scene_index(vectors, scene_ids(1500), index_type="hnsw_sq8", ef_search=64)
+    hits = index.search(queries, top_k=5, min_similarity=-1.0)
+    rows = hits.scene_id.str.split("-").str[1].astype(int).to_numpy()
+    cosines = (queries[hits.query_row.to_numpy()] * vectors[rows]).sum(axis=1)
+    np.testing.assert_allclose(hits.similarity.to_numpy(), cosines, rtol=0, atol=1e-5)
+    narrow = index.with_search_params(ef_search=8)
+    assert narrow.params["ef_search"] == 8 and index.params["ef_search"] == 64
+    from models.scene_index import _graph
+
+    assert _graph(narrow._cpu_index).hnsw.efSearch == 8 and _graph(index._cpu_index).hnsw.efSearch == 64
+    with pytest.raises(ValueError, match="no search parameter nprobe"):
+        index.with_search_params(nprobe=4)
 
 
 # ------------------------------------------------------------------------------------------------ auto (tuning)

@@ -241,9 +241,10 @@ class EncoderConf(_Section):
 
 
 class IndexConf(_Section):
-    type: Literal["auto", "flat", "ivf", "hnsw"] = Field(
-        "auto", description="the scene index: flat (exact), ivf, hnsw, or auto: exact up to exact_max_items scenes; "
-        "beyond, the index and search setting (HNSW ef_search, IVF nprobe; IVF alone where use_gpu) whose recall@10 "
+    type: Literal["auto", "flat", "ivf", "hnsw", "hnsw_sq8"] = Field(
+        "auto", description="the scene index: flat (exact), ivf, hnsw, hnsw_sq8 (HNSW over 8-bit quantized vectors, "
+        "re-ranked exactly), or auto: exact up to exact_max_items scenes; beyond, the fastest index and search "
+        "setting (HNSW / HNSW-SQ8 ef_search, IVF nprobe; IVF alone where use_gpu) whose recall@10 "
         "against exact search on tune_queries sampled factual queries meets target_recall "
         "(models.scene_index.tune_scene_index), exact where none does (metric index.auto_fallback)")
     exact_max_items: int = Field(50_000, ge=1, description="auto searches exactly up to this many scenes, measuring "
