@@ -497,11 +497,41 @@ def pipeline_kills(args, work: Path, ref: dict[str, Any], folders: "DeltaFolders
         yield runs
 
 
+SNAPSHOTS_TOOK = "experiment: snapshots took"
+TRAINING_TOOK = "experiment: training took"
+"""The experiment's log lines that open and close the cells' training (jobs.experiment's step timings)."""
+
+
+def home_log(console: Path) -> Path | None:
+    """The log file under the home that a command's console output names on its first line (``log: PATH``)."""
+    first = console.read_text(errors="replace").splitlines()[:1] if console.exists() else []
+    return Path(first[0][len("log: "):].strip()) if first and first[0].startswith("log: ") else None
+
+
+def training_seconds(log: Path | None) -> float | None:
+    """The cells' training time a finished experiment's log records (``experiment: training took 25.5s``)."""
+    if log is None or not log.exists():
+        return None
+    found = re.findall(re.escape(TRAINING_TOOK) + r" ([0-9.]+)s", log.read_text(errors="replace"))
+    return float(found[-1]) if found else None
+
+
+def wait_for_log_line(console: Path, marker: str, proc: subprocess.Popen, timeout: float) -> bool:
+    """Wait until the home's log (named on ``console``'s first line) holds ``marker``; False if ``proc`` ended or
+    ``timeout`` passed first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        log = home_log(console)
+        if log is not None and log.exists() and marker in log.read_text(errors="replace"):
+            return True
+        time.sleep(0.2)
+    return False
+
+
 def cells_snapshotted(console: Path) -> int:
     """Cells whose training snapshot the killed ``erg experiment`` wrote (``experiment cell ...: N original + M
     augmented pairs`` in the log file under the home, whose path the console's first line names)."""
-    first = console.read_text(errors="replace").splitlines()[:1]
-    path = Path(first[0][len("log: "):].strip()) if first and first[0].startswith("log: ") else None
+    path = home_log(console)
     if path is None or not path.exists():
         return 0
     return sum(1 for line in path.read_text(errors="replace").splitlines()
@@ -520,10 +550,13 @@ def experiment_kills(args, work: Path, done: list[dict[str, Any]] = ()) -> Itera
     """``--experiment-kills`` kills of ``erg experiment``: a reference home runs ``erg run`` and ``erg experiment``
     uninterrupted; each kill home runs ``erg run``, then ``erg experiment`` killed at a moment drawn uniformly over
     the reference experiment's time (inside a cell or between cells), its registry checked, then ``erg experiment``
-    again to the end: its cells must equal the reference's, the cells finished before the kill reused. ``done``:
-    the records of an earlier invocation (``--resume``), which are kept; the kills go on after them."""
+    again to the end: its cells must equal the reference's, the cells finished before the kill reused. Then
+    ``--experiment-training-kills`` kills aimed inside the cells' training: the moment is drawn over the reference's
+    training time and counted from the kill home's own ``snapshots took`` log line (so a slower or faster machine
+    still lands inside it). ``done``: the records of an earlier invocation (``--resume``), which are kept; the
+    kills go on after them."""
     runs: list[dict[str, Any]] = list(done)
-    if len(runs) >= args.experiment_kills:
+    if len(runs) >= args.experiment_kills + args.experiment_training_kills:
         return
     conf, overrides = experiment_conf(args)
     ref_home = work / "exp-reference"
@@ -543,30 +576,50 @@ def experiment_kills(args, work: Path, done: list[dict[str, Any]] = ()) -> Itera
         ref = {"conf": conf, "overrides": overrides, "seconds": done["seconds"]}
         marker.write_text(json.dumps(ref, indent=2))
     reference = experiment_result(ref_home, conf)
-    rng = random.Random(args.seed + 2)
-    for _ in runs:  # the moments the earlier invocation drew
+    if "training_seconds" not in ref:
+        ref["training_seconds"] = training_seconds(home_log(work / "exp-reference.log"))
+        marker.write_text(json.dumps(ref, indent=2))
+    anywhere = [r for r in runs if r.get("aim", "anywhere") == "anywhere"]
+    in_training = [r for r in runs if r.get("aim") == "training"]
+    rng, training_rng = random.Random(args.seed + 2), random.Random(args.seed + 3)
+    for _ in anywhere:  # the moments the earlier invocation drew
         rng.uniform(0.05, 0.95)
-    for j in range(len(runs), args.experiment_kills):
+    for _ in in_training:
+        training_rng.uniform(0.1, 0.9)
+    total = args.experiment_kills + args.experiment_training_kills
+    plan = (["anywhere"] * (args.experiment_kills - len(anywhere))
+            + ["training"] * (args.experiment_training_kills - len(in_training)))
+    for aim in plan:
+        j = len(runs)
         home = _fresh(work / f"exp-kill-{j}", work)
-        delay = round(rng.uniform(0.05, 0.95) * ref["seconds"], 1)
-        print(f"experiment kill {j + 1}/{args.experiment_kills}: erg run, then erg experiment killed at {delay}s",
-              file=sys.stderr)
+        if aim == "anywhere":
+            delay, after = round(rng.uniform(0.05, 0.95) * ref["seconds"], 1), None
+            where = f"killed at {delay}s"
+        else:
+            if not ref.get("training_seconds"):
+                raise SystemExit(f"the reference experiment's log names no training time ({TRAINING_TOOK!r}): "
+                                 "no kill can be aimed inside the cells' training")
+            delay, after = round(training_rng.uniform(0.1, 0.9) * ref["training_seconds"], 1), SNAPSHOTS_TOOK
+            where = f"killed {delay}s into the cells' training"
+        print(f"experiment kill {j + 1}/{total}: erg run, then erg experiment {where}", file=sys.stderr)
         if run_and_kill(erg_command(conf, overrides, lock=args.lock), _env(home), work / f"exp-kill-{j}.run.log",
                         timeout=args.timeout)["rc"] != 0:
             raise SystemExit(f"erg run failed in {home}; see {work / f'exp-kill-{j}.run.log'}")
         cmd = experiment_command(conf, overrides, args.lock)
+        console = work / f"exp-kill-{j}.log"
         started = time.monotonic()
-        with (work / f"exp-kill-{j}.log").open("w") as out:
+        with console.open("w") as out:
             proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=_env(home), cwd=str(REPO),
                                     start_new_session=True)
+            reached = wait_for_log_line(console, after, proc, timeout=args.timeout) if after else True
             try:
-                proc.wait(timeout=delay)
+                proc.wait(timeout=delay if reached else 0.001)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-        record: dict[str, Any] = {"experiment_kill": j, "delay_s": delay, "killed": proc.returncode == -9,
+        record: dict[str, Any] = {"experiment_kill": j, "aim": aim, "delay_s": delay, "killed": proc.returncode == -9,
                                   "seconds": round(time.monotonic() - started, 1),
-                                  "cells_snapshotted_before_kill": cells_snapshotted(work / f"exp-kill-{j}.log")}
+                                  "cells_snapshotted_before_kill": cells_snapshotted(console)}
         if not record["killed"]:
             record["note"] = f"the experiment ended (exit {proc.returncode}) before the kill moment"
         record["registry_after_kill"] = registry_check(home)
@@ -599,6 +652,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--experiment-kills", type=int, default=2, help="kills of erg experiment (0: none)")
     parser.add_argument("--conf", default="local", help="conf of every run (local: the generated sample)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="conf overrides")
+    parser.add_argument("--experiment-training-kills", type=int, default=0, help="more kills of erg experiment, "
+                        "each aimed inside the cells' training")
     parser.add_argument("--experiment-conf", default=None, help="conf of the experiment homes' erg run and erg "
                         "experiment (default: --conf, with --set)")
     parser.add_argument("--experiment-set", action="append", default=[], metavar="KEY=VALUE",
@@ -626,6 +681,8 @@ def main(argv: list[str] | None = None) -> int:
     command = " ".join(["python", "benchmarks/chaos.py", "--kills", str(args.kills), "--min-per-stage",
                         str(args.min_per_stage), "--experiment-kills", str(args.experiment_kills), "--conf", args.conf,
                         "--seed", str(args.seed), *[f"--set {s}" for s in args.set]]
+                       + (["--experiment-training-kills", str(args.experiment_training_kills)]
+                          if args.experiment_training_kills else [])
                        + (["--experiment-conf", args.experiment_conf] if args.experiment_conf else [])
                        + [f"--experiment-set {s}" for s in args.experiment_set])
 
@@ -639,7 +696,8 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
     for runs in pipeline_kills(args, work, ref, folders, runs):
         _write(args.out, runs, exp_runs, command, ref, args)
-    for exp_runs in experiment_kills(args, work, exp_runs) if args.experiment_kills else ():
+    for exp_runs in (experiment_kills(args, work, exp_runs)
+                     if args.experiment_kills + args.experiment_training_kills else ()):
         _write(args.out, runs, exp_runs, command, ref, args)
     _write(args.out, runs, exp_runs, command, ref, args)
     done = [r for r in runs + exp_runs if r["killed"]]
@@ -649,14 +707,20 @@ def main(argv: list[str] | None = None) -> int:
 
 def _pipeline_part(command: str) -> str:
     """``command`` without its experiment options: what the kills of ``erg run`` depend on."""
-    return re.sub(r" --experiment-(?:conf|set) \S+", "", command)
+    return re.sub(r" --experiment-(?:conf|set|training-kills) \S+", "", command)
+
+
+def _without_training_kills(command: str) -> str:
+    """``command`` without ``--experiment-training-kills``: adding kills aimed inside training keeps the others."""
+    return re.sub(r" --experiment-training-kills \S+", "", command)
 
 
 def prior_records(out: Path, command: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The run and experiment records of ``out`` (written by :func:`_write`), each with its differences back in it;
     none unless ``out`` was written by the same ``command`` (the same kills, conf, seed and overrides). The kills
-    of ``erg run`` are kept where only the experiment options (``--experiment-conf``, ``--experiment-set``) differ,
-    the experiment kills only where the whole command is the same."""
+    of ``erg run`` are kept where only the experiment options (``--experiment-conf``, ``--experiment-set``,
+    ``--experiment-training-kills``) differ, the experiment kills where the command is the same but for
+    ``--experiment-training-kills``."""
     try:
         summary = json.loads(out.read_text())
     except (OSError, ValueError):
@@ -666,7 +730,8 @@ def prior_records(out: Path, command: str) -> tuple[list[dict[str, Any]], list[d
         print(f"not resuming: {out} was written by `{written}`", file=sys.stderr)
         return [], []
     runs = [{**r, "differences": []} for r in summary.get("runs", [])]
-    exp_runs = [{**r, "differences": []} for r in summary.get("experiment_runs", [])] if written == command else []
+    exp_runs = ([{**r, "differences": []} for r in summary.get("experiment_runs", [])]
+                if _without_training_kills(written) == _without_training_kills(command) else [])
     for d in summary.get("differences", []):
         d = dict(d)
         if "kill" in d:
@@ -683,6 +748,7 @@ def _write(out: Path, runs: list[dict], exp_runs: list[dict], command: str, ref:
     exp_done = [r for r in exp_runs if r["killed"]]
     per_stage = {s: sum(1 for r in done if r["stage_hit"] == s) for s in STAGES}
     per_stage["experiment"] = len(exp_done)
+    aims = {aim: sum(1 for r in exp_done if r.get("aim", "anywhere") == aim) for aim in ("anywhere", "training")}
     differences = ([{"kill": r["kill"], "stage_hit": r["stage_hit"], **d} for r in done for d in r.get("differences", [])]
                    + [{"experiment_kill": r["experiment_kill"], **d} for r in exp_done for d in r.get("differences", [])])
     summary = {
@@ -690,6 +756,7 @@ def _write(out: Path, runs: list[dict], exp_runs: list[dict], command: str, ref:
         "kills_per_stage": per_stage,
         "stages_hit": [s for s in (*STAGES, "experiment") if per_stage[s]],
         "identical": sum(1 for r in done + exp_done if r.get("identical")),
+        **({"experiment_kills_by_aim": aims} if exp_done else {}),
         "registry_aliases_broken": sum(len(r.get("registry_after_kill", {}).get("broken", []))
                                        + len(r.get("registry_after_rerun", {}).get("broken", [])) for r in done + exp_done),
         "differences": differences,

@@ -169,6 +169,9 @@ def test_resume_keeps_the_recorded_kills_with_their_differences(tmp_path):
     got_runs, got_exp = prior_records(out, "python benchmarks/chaos.py --kills 2 --experiment-conf local "
                                            "--experiment-set train.epochs=1")
     assert len(got_runs) == 3 and got_runs[2]["differences"] and got_exp == []
+    # more kills aimed inside training: every recorded kill is kept
+    got_runs, got_exp = prior_records(out, "python benchmarks/chaos.py --kills 2 --experiment-training-kills 1")
+    assert len(got_runs) == 3 and len(got_exp) == 1
 
 
 def test_the_experiment_homes_take_their_own_conf_and_overrides():
@@ -186,7 +189,7 @@ def test_the_experiment_homes_take_their_own_conf_and_overrides():
 
 
 def test_cells_snapshotted_counts_the_home_log_named_on_the_console(tmp_path: Path) -> None:
-    from benchmarks.chaos import cells_snapshotted
+    from benchmarks.chaos import cells_snapshotted, training_seconds
 
     home_log = tmp_path / "experiment.log"
     home_log.write_text("INFO experiment cell humor/nic/original#seed=23: 40 original + 0 augmented pairs\n"
@@ -195,5 +198,9 @@ def test_cells_snapshotted_counts_the_home_log_named_on_the_console(tmp_path: Pa
     console = tmp_path / "console.log"
     console.write_text(f"log: {home_log}\n1/5 ingest\n")
     assert cells_snapshotted(console) == 2
+    assert training_seconds(home_log) is None
+    home_log.write_text("INFO jobs.experiment: experiment: snapshots took 20.8s\n"
+                        "INFO jobs.experiment: experiment: training took 25.5s\n")
+    assert training_seconds(home_log) == 25.5
     console.write_text("Traceback (most recent call last):\n")
     assert cells_snapshotted(console) == 0
