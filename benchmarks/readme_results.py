@@ -242,6 +242,19 @@ def scale_lines(results: Path) -> list[str]:
         parts.append(text)
     if parts:
         lines.append("- Speed (`scale.json`): " + "; ".join(parts) + ".")
+    real = data.get("retrieval_real") or {}
+    auto = real.get("auto") or {}
+    if {"scenes", "queries", "recall_at_10", "speedup_vs_exact"} <= real.keys() and "index_type" in auto:
+        kind = {"hnsw": "HNSW", "hnsw_sq8": "HNSW-SQ8", "ivf": "IVF", "flat": "exact search"}.get(
+            auto["index_type"], auto["index_type"])
+        text = (f"- Retrieval (`scale.json`, real MiniLM vectors): over {real['scenes']:,} scenes x "
+                f"{real['queries']:,} queries, `retrieve.index.type: auto` chose {kind} "
+                f"({auto.get('search_param', 'none')}): recall@10 {real['recall_at_10']:.3f} at "
+                f"{real['speedup_vs_exact']:.1f}x exact search")
+        turns = real.get("interleaved") or {}
+        if "speedup_vs_exact" in turns:
+            text += f" ({turns['speedup_vs_exact']:.1f}x timed in turn with it on {turns['queries']:,} queries)"
+        lines.append(text + ".")
     return lines
 
 
