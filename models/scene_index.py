@@ -6,7 +6,7 @@ built once on the driver, serialized with :meth:`SceneIndex.to_bytes` into one b
 broadcast, and rebuilt on each executor with :meth:`SceneIndex.from_bytes`.
 
 Vectors are L2-normalised, so the inner product Faiss computes is the cosine similarity of the paper.
-Three index types:
+Four index types:
 
 - ``flat``: exact search (``IndexFlatIP``); the reference, and fast enough for the tens of thousands of
   stylized scenes the public corpora hold.
@@ -379,7 +379,7 @@ def build_scene_index(
     built: Faiss's default is 40, a larger one builds a better graph at the same search cost; ``ef_search``
     candidates per query) or ``hnsw_sq8`` (the same over 8-bit quantized vectors, re-ranked exactly).
     ``use_gpu`` moves the flat or IVF index to every GPU with ``faiss.index_cpu_to_all_gpus`` when
-    faiss-gpu sees one (``faiss.get_num_gpus() > 0``); otherwise (or for ``hnsw``) ``gpu_fallback="cpu"``
+    faiss-gpu sees one (``faiss.get_num_gpus() > 0``); otherwise (or for ``hnsw`` / ``hnsw_sq8``) ``gpu_fallback="cpu"``
     searches on CPU and records why in :attr:`SceneIndex.gpu_fallback_reason`, and ``gpu_fallback="error"``
     raises :class:`FaissGpuUnavailableError`.
     """
@@ -396,6 +396,7 @@ def build_scene_index(
     params: dict[str, int] = {}
     if index_type == "flat":
         index = faiss.IndexFlatIP(dim)
+        index.add(array)
     elif index_type == "ivf":
         lists = default_nlist(count) if nlist is None else _positive_int(nlist, "nlist")
         if lists > count:
@@ -405,6 +406,7 @@ def build_scene_index(
         params = {"nlist": lists, "nprobe": min(_positive_int(nprobe, "nprobe"), lists)}
         index = faiss.index_factory(dim, f"IVF{lists},Flat", faiss.METRIC_INNER_PRODUCT)
         index.train(array)
+        index.add(array)
     else:
         params = {
             "hnsw_m": _positive_int(hnsw_m, "hnsw_m", minimum=2),
@@ -412,8 +414,6 @@ def build_scene_index(
             "ef_construction": _positive_int(ef_construction, "ef_construction"),
         }
         index = _hnsw_index(index_type, dim, params["hnsw_m"], params["ef_construction"], array)
-    if index_type not in HNSW_TYPES:
-        index.add(array)
     return SceneIndex(index, ids, index_type, params, use_gpu=use_gpu, gpu_fallback=gpu_fallback)
 
 
