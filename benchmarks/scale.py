@@ -424,6 +424,7 @@ def retrieval_real(args, real: dict[str, Any]) -> dict:
     from models.scene_index import (
         EF_SEARCH_LADDER,
         NPROBE_LADDER,
+        SEARCH_PARAMS,
         TUNING_K,
         build_scene_index,
         recall_per_query,
@@ -540,7 +541,7 @@ def retrieval_real(args, real: dict[str, Any]) -> dict:
         ladder = (EF_SEARCH_LADDER if kind != "ivf"
                   else [p for p in NPROBE_LADDER if p <= index.params["nlist"]])
         for value in ladder:
-            setting = index.with_search_params(**{"ef_search" if kind != "ivf" else "nprobe": value})
+            setting = index.with_search_params(**{SEARCH_PARAMS[kind]: value})
             recall = float(recall_per_query(truth, timed_search(setting.faiss_index, queries[held], k)[0]).mean())
             projected = timed_search(setting.faiss_index, queries[sweep_rows], k)[1] * n_queries / len(sweep_rows)
             name = _setting_name(kind, setting.params)

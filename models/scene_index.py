@@ -71,6 +71,8 @@ RETRIEVAL_TYPES: dict[str, tuple[str, str]] = {
 INDEX_TYPES: tuple[str, ...] = ("flat", "ivf", "hnsw", "hnsw_sq8")
 HNSW_TYPES: tuple[str, ...] = ("hnsw", "hnsw_sq8")
 """The graph indexes: built with ``hnsw_m`` / ``ef_construction``, searched with ``ef_search``; CPU only."""
+SEARCH_PARAMS: dict[str, str] = {"ivf": "nprobe", "hnsw": "ef_search", "hnsw_sq8": "ef_search"}
+"""Each approximate index type's search parameter (flat has none)."""
 REFINE_K_FACTOR = 2
 """``hnsw_sq8`` re-ranks this many times k quantized candidates by the exact inner product."""
 GPU_FALLBACKS: tuple[str, ...] = ("cpu", "error")
@@ -243,7 +245,7 @@ class SceneIndex:
         this index keeps searching with its own parameters. Build parameters (``nlist``, ``hnsw_m``,
         ``ef_construction``) cannot change.
         """
-        allowed = {"ivf": {"nprobe"}, "hnsw": {"ef_search"}, "hnsw_sq8": {"ef_search"}}.get(self.index_type, set())
+        allowed = {SEARCH_PARAMS[self.index_type]} if self.index_type in SEARCH_PARAMS else set()
         unknown = sorted(set(changes) - allowed)
         if unknown:
             raise ValueError(
@@ -477,7 +479,7 @@ class IndexTuning:
     @property
     def search_param(self) -> str:
         """The chosen search parameter as ``name=value`` (``ef_search=48``, ``nprobe=16``); ``none`` for exact."""
-        name = {"hnsw": "ef_search", "hnsw_sq8": "ef_search", "ivf": "nprobe"}.get(self.index_type)
+        name = SEARCH_PARAMS.get(self.index_type)
         return f"{name}={self.params[name]}" if name else "none"
 
     def as_dict(self) -> dict:
@@ -508,13 +510,13 @@ def _candidate(kind: str, array: np.ndarray, nlist: int, hnsw_m: int, ef_constru
     count, dim = array.shape
     if kind in HNSW_TYPES:
         index = _hnsw_index(kind, dim, hnsw_m, ef_construction, array)
-        return index, {"hnsw_m": hnsw_m, "ef_construction": ef_construction}, "ef_search", EF_SEARCH_LADDER
+        return index, {"hnsw_m": hnsw_m, "ef_construction": ef_construction}, SEARCH_PARAMS[kind], EF_SEARCH_LADDER
     if kind == "ivf":
         lists = max(1, min(nlist, count // 39))  # at least 39 training points per list, as default_nlist
         index = faiss.index_factory(dim, f"IVF{lists},Flat", faiss.METRIC_INNER_PRODUCT)
         index.train(array)
         index.add(array)
-        return index, {"nlist": lists}, "nprobe", tuple(p for p in NPROBE_LADDER if p < lists) + (lists,)
+        return index, {"nlist": lists}, SEARCH_PARAMS[kind], tuple(p for p in NPROBE_LADDER if p < lists) + (lists,)
     raise ValueError(f"auto cannot try index type {kind!r}: candidates are {sorted(set(AUTO_CANDIDATES_CPU))}")
 
 
