@@ -561,7 +561,7 @@ def experiment_kills(args, work: Path, done: list[dict[str, Any]] = ()) -> Itera
     conf, overrides = experiment_conf(args)
     ref_home = work / "exp-reference"
     marker = work / "exp-reference.json"
-    fresh = args.fresh_reference or getattr(args, "fresh_experiment", False)
+    fresh = args.fresh_reference or args.fresh_experiment
     ref = json.loads(marker.read_text()) if marker.exists() and not fresh else None
     if ref is None or ref.get("conf") != conf or ref.get("overrides") != overrides:
         ref_home = _fresh(ref_home, work)
@@ -762,7 +762,7 @@ def _write(out: Path, runs: list[dict], exp_runs: list[dict], command: str, ref:
         "differences": differences,
         "command": command,
         "conf": args.conf,
-        **({"experiment_conf": experiment_conf(args)[0], "experiment_overrides": experiment_conf(args)[1]}
+        **(dict(zip(("experiment_conf", "experiment_overrides"), experiment_conf(args)))
            if getattr(args, "experiment_kills", 0) else {}),
         "rerun": "erg run --incremental; erg experiment (the same command: finished cells are reused)",
         "reference_seconds": ref["seconds"],
