@@ -139,7 +139,8 @@ def fit_set_classifier(cfg: ErgConfig, style_set: str, data: dict[str, pd.DataFr
     tick = time.perf_counter()
     with StepLogger(f"classifier.{style_set}", total=steps, every=5, show=cfg.spark.show_progress) as on_step:
         fit = fine_tune(clf, train["text"].tolist(), train["label"].tolist(), epochs=c.epochs, batch_size=c.batch_size,
-                        lr=c.lr, weight_decay=c.weight_decay, warmup_ratio=c.warmup_ratio, seed=c.seed, on_step=on_step)
+                        lr=c.lr, weight_decay=c.weight_decay, warmup_ratio=c.warmup_ratio, seed=c.seed, on_step=on_step,
+                        batch_order=c.batch_order, precision=c.precision)
     seconds = time.perf_counter() - tick
     val = data["val"]
     metrics = clf.evaluate(val["text"].tolist(), val["label"].tolist()) if len(val) else {}
@@ -200,7 +201,8 @@ def fit_evaluation_classifiers(cfg: ErgConfig, stylized: pd.DataFrame, factual: 
     classifiers = train_evaluation_classifiers(
         v.kind, positives, pool["train"], factual_label=cfg.factual_label, name_or_path=v.name_or_path,
         max_length=v.max_length, device=cfg.extract.device, l2=v.l2, epochs=v.epochs, batch_size=v.batch_size,
-        lr=v.lr, max_train_captions=v.max_train_captions, seed=v.seed)
+        lr=v.lr, max_train_captions=v.max_train_captions, seed=v.seed, batch_order=v.batch_order,
+        precision=v.precision)
     metrics: dict[str, Any] = {"evaluation_classifier.fit_seconds": time.perf_counter() - tick}
     val = stylized[stylized["split"] == "val"]
     accuracy = {}

@@ -191,11 +191,13 @@ def train_evaluation_classifiers(kind: str, positives: Mapping[str, Sequence[str
                                  device: str = "auto", l2: float = 1e-3, epochs: int = 1,
                                  batch_size: int = 32, lr: float = 2e-5, max_train_captions: Optional[int] = None,
                                  seed: int = 29,
-                                 on_step: Optional[Callable[[str, int, dict], None]] = None) -> EvaluationClassifiers:
+                                 on_step: Optional[Callable[[str, int, dict], None]] = None,
+                                 batch_order: str = "length_buckets", precision: str = "fp32") -> EvaluationClassifiers:
     """Train one style-vs-factual classifier per style of ``positives`` (style -> its training captions).
 
     Each style's classifier sees its captions (at most ``max_train_captions``) and as many factual captions drawn
-    from ``factual``. ``on_step(style, step, metrics)`` reports fine-tuning steps (finetune only).
+    from ``factual``. ``on_step(style, step, metrics)`` reports fine-tuning steps (finetune only);
+    ``batch_order`` and ``precision`` are :func:`models.style_classifier.fine_tune`'s.
     """
     if kind not in KINDS:
         raise ValueError(f"evaluation classifier kind must be one of {KINDS}, got {kind!r}")
@@ -225,7 +227,7 @@ def train_evaluation_classifiers(kind: str, positives: Mapping[str, Sequence[str
         clf = load_style_classifier(name_or_path, [factual_label, style], device=device, max_length=max_length,
                                     with_factual=True)
         fine_tune(clf, texts, [style if label else factual_label for label in labels], epochs=epochs,
-                  batch_size=batch_size, lr=lr, seed=seed,
+                  batch_size=batch_size, lr=lr, seed=seed, batch_order=batch_order, precision=precision,
                   on_step=None if on_step is None else (lambda step, m, s=style: on_step(s, step, m)))
         models[style] = clf
     return FinetunedClassifiers(models, factual_label, name_or_path, max_length)

@@ -184,6 +184,10 @@ class ClassifierConf(_Section):
     max_train_captions: Optional[int] = Field(None, ge=10, description="cap on training captions (null = all)")
     holdout_fraction: float = Field(0.1, gt=0, lt=1)
     seed: int = 13
+    batch_order: Literal["length_buckets", "random"] = Field(
+        "length_buckets", description="length_buckets: batches of similar length (less padding; "
+        "benchmarks/results/extract_speed.json), random: a plain shuffle")
+    precision: Literal["fp32", "bf16"] = Field("fp32", description="fine-tuning under bf16 autocast (bf16) or not")
 
 
 class EvaluationClassifierConf(_Section):
@@ -200,6 +204,9 @@ class EvaluationClassifierConf(_Section):
     lr: float = Field(2e-5, gt=0, description="finetune: AdamW learning rate")
     max_train_captions: Optional[int] = Field(None, ge=10, description="cap on each style's positive training "
                                               "captions (as many factual ones are drawn); null = all")
+    batch_order: Literal["length_buckets", "random"] = Field("length_buckets", description="finetune: as "
+                                                             "extract.classifier.batch_order")
+    precision: Literal["fp32", "bf16"] = Field("fp32", description="finetune: as extract.classifier.precision")
     heldout_fraction: float = Field(0.1, gt=0, lt=1, description="share of factual images held out for accuracy")
     max_factual_captions: int = Field(200_000, ge=100, description="factual captions of P (beyond those of the "
                                       "stylized images) read to the driver for the factual class: the same "
