@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 BASE = "1f628b4"  # main before the speed work
 PARTS = ("set:flickrstyle", "set:senticap", "evaluation")
-VARIANTS = ("old", "new", "new_bf16")  # each variant: (tree, fine_tune options)
+VARIANTS = ("old", "new", "new_bf16", "old_next_seed")  # each variant: (tree, fine_tune options)
 
 
 # --------------------------------------------------------------------------------------------------- child side
@@ -56,19 +56,20 @@ def _child(args) -> dict:
     data = build(Path(args.data), settings["split_seed"])
     cap = settings["train_cap"]  # None: every train caption (a number: a quick check of the script)
     extra = json.loads(args.fit_options)  # a variant's fine_tune options beyond the tree's defaults
+    offset = extra.pop("seed_offset", 0)  # a variant trained from another seed: the noise of one training draw
     if args.part.startswith("set:"):
         from models.style_phrases import select_style_head
 
         c, styles = settings["sets"][args.part[4:]], settings["styles"][args.part[4:]]
         train = [(t, s) for s in styles for t in data["stylized"][(s, "train")][:cap]]
         train = [train[i] for i in np.random.default_rng(c["seed"]).permutation(len(train))]
-        torch.manual_seed(c["seed"])
+        torch.manual_seed(c["seed"] + offset)
         clf = load_style_classifier(c["name_or_path"], styles, device="cpu", max_length=c["max_length"],
                                     with_factual=False)
         tick = time.perf_counter()
         fit = fine_tune(clf, [t for t, _ in train], [s for _, s in train], epochs=c["epochs"],
                         batch_size=c["batch_size"], lr=c["lr"], weight_decay=c["weight_decay"],
-                        warmup_ratio=c["warmup_ratio"], seed=c["seed"], **extra)
+                        warmup_ratio=c["warmup_ratio"], seed=c["seed"] + offset, **extra)
         fit_s = time.perf_counter() - tick
         val = [(t, s) for s in styles for t in data["stylized"][(s, "val")]]
         metrics = clf.evaluate([t for t, _ in val], [s for _, s in val])
@@ -91,7 +92,7 @@ def _child(args) -> dict:
     classifiers = train_evaluation_classifiers("finetune", positives, data["factual"]["train"],
                                                name_or_path=v["name_or_path"], max_length=v["max_length"],
                                                device="cpu", epochs=v["epochs"], batch_size=v["batch_size"], lr=v["lr"],
-                                               max_train_captions=v["max_train_captions"], seed=v["seed"],
+                                               max_train_captions=v["max_train_captions"], seed=v["seed"] + offset,
                                                **extra)
     fit_s = time.perf_counter() - tick
     accuracy = {}
@@ -151,19 +152,20 @@ def _compare_heads(old: dict, new: dict) -> dict:
 
 
 def _summary(parts: dict, path: str) -> dict:
-    """Variant ``path`` against old over every part: speedup, val accuracy deltas, heads, the bar."""
+    """Variant ``path`` against old over the parts it ran: speedup, val accuracy deltas, heads, the bar (which
+    needs every part)."""
     seconds = {p: sum(part[p]["fit_seconds"] + part[p].get("head_seconds", 0.0) for part in parts.values())
                for p in ("old", path)}
     deltas = {f"{name}/{style}": part[path]["val_accuracy_per_style"][style] - accuracy
               for name, part in parts.items() for style, accuracy in part["old"]["val_accuracy_per_style"].items()}
     heads = {name: _compare_heads(part["old"], part[path]) for name, part in parts.items() if "head" in part["old"]}
-    out = {"seconds_old": seconds["old"], "seconds": seconds[path], "speedup": seconds["old"] / seconds[path],
+    out = {"parts": sorted(parts), "seconds_old": seconds["old"], "seconds": seconds[path], "speedup": seconds["old"] / seconds[path],
            "fit_speedup": sum(part["old"]["fit_seconds"] for part in parts.values())
            / sum(part[path]["fit_seconds"] for part in parts.values()),
            "val_accuracy_delta": deltas, "max_abs_val_accuracy_delta": max(abs(d) for d in deltas.values()),
            "heads": heads,
            "heads_same_or_within_1pct": all(h["same"] or h["relative_gap"] <= 0.01 for h in heads.values())}
-    out["meets_bar"] = bool(out["speedup"] >= 1.5 and out["max_abs_val_accuracy_delta"] <= 0.01
+    out["meets_bar"] = bool(len(parts) == len(PARTS) and out["speedup"] >= 1.5 and out["max_abs_val_accuracy_delta"] <= 0.01
                             and out["heads_same_or_within_1pct"])
     return out
 
@@ -184,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--part", help=argparse.SUPPRESS)
     parser.add_argument("--settings", help=argparse.SUPPRESS)
     parser.add_argument("--fit-options", default="{}", help=argparse.SUPPRESS)
+    parser.add_argument("--add", action="store_true", help="run --variants other than old and add them to --out, "
+                        "compared with the old path measured there (the same settings)")
     args = parser.parse_args(argv)
     if args.child:
         print(json.dumps(_child(args)))
@@ -191,15 +195,25 @@ def main(argv: list[str] | None = None) -> int:
     if not (Path(args.data) / "senticap" / "senticap.json").exists():
         print(f"SKIP: the caption data is absent under {args.data}")
         return 0
-    if "old" not in args.variants or len(args.variants) < 2:
+    if not args.add and ("old" not in args.variants or len(args.variants) < 2):
         parser.error("--variants needs old and at least one new variant to compare with it")
     settings = {**_settings(args.conf), "train_cap": args.train_cap}
-    result: dict = {"command": "python benchmarks/extract_speed.py " + " ".join(
-        shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])),
-        "base": args.base, "settings": settings, "threads": args.threads, "parts": {}}
+    command = "python benchmarks/extract_speed.py " + " ".join(
+        shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    out = Path(args.out)
+    if args.add:
+        result = json.loads(out.read_text())
+        if result["settings"] != settings or result["base"] != args.base:
+            parser.error(f"{out} was measured with other settings or another base: rerun it whole")
+        result["commands"] = result.get("commands", []) + [command]
+        args.variants = [v for v in args.variants if v != "old"]
+        args.parts = [part for part in args.parts if part in result["parts"]]
+    else:
+        result = {"command": command, "base": args.base, "settings": settings, "threads": args.threads, "parts": {}}
     with tempfile.TemporaryDirectory() as tmp:
         base = _base_tree(args.base, Path(tmp))
-        variants = {"old": (base, {}), "new": (ROOT, {}), "new_bf16": (ROOT, {"precision": "bf16"})}
+        variants = {"old": (base, {}), "new": (ROOT, {}), "new_bf16": (ROOT, {"precision": "bf16"}),
+                    "old_next_seed": (base, {"seed_offset": 1})}
         for i, part in enumerate(args.parts):
             order = args.variants[i % len(args.variants):] + args.variants[:i % len(args.variants)]
             runs = {}
@@ -210,9 +224,11 @@ def main(argv: list[str] | None = None) -> int:
                       + (f", heads {runs[path]['head_seconds']:.0f} s" if "head_seconds" in runs[path] else "")
                       + f", val {runs[path]['val_accuracy_per_style']} ({time.perf_counter() - tick:.0f} s wall)",
                       flush=True)
-            result["parts"][part] = {"order": list(order), **runs}
-    result["summary"] = {path: _summary(result["parts"], path) for path in args.variants if path != "old"}
-    out = Path(args.out)
+            entry = result["parts"].setdefault(part, {"order": []})
+            entry["order"] += list(order)
+            entry.update(runs)
+    result["summary"] = {path: _summary({name: part for name, part in result["parts"].items() if path in part}, path)
+                         for path in VARIANTS if path != "old" and any(path in p for p in result["parts"].values())}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result["summary"], indent=1))

@@ -8,7 +8,8 @@ after a benchmark writes new results, regenerate it with
     python benchmarks/readme_results.py --print    # print the block only
 
 Each line comes from one results file (``table2.json``, ``generator_quality.json``, ``volume.json``, ``scale.json``,
-``chaos.json``, ``style_classifiers.json``); a file that is missing, or lacks what a line needs, leaves its line out.
+``extract_speed.json``, ``chaos.json``, ``style_classifiers.json``); a file that is missing, or lacks what a line
+needs, leaves its line out.
 The full record, one section per benchmark, is ``benchmarks/README.md``.
 """
 from __future__ import annotations
@@ -258,6 +259,21 @@ def scale_lines(results: Path) -> list[str]:
     return lines
 
 
+def extract_speed_lines(results: Path) -> list[str]:
+    data = _load(results, "extract_speed.json")
+    new = ((data or {}).get("summary") or {}).get("new") or {}
+    if not {"speedup", "seconds_old", "seconds", "max_abs_val_accuracy_delta"} <= new.keys():
+        return []
+    heads = new.get("heads") or {}
+    same = sum(h["same"] for h in heads.values())
+    return [f"- Extract (`extract_speed.json`, real corpora): the three classifier fits and head selection take "
+            f"{new['seconds']:,.0f} s instead of {new['seconds_old']:,.0f} s ({new['speedup']:.2f}x, timed in turn), "
+            f"val accuracy within {new['max_abs_val_accuracy_delta']:.3f} per style, {same} of {len(heads)} style "
+            "heads the same" + ("" if same == len(heads) else
+                                f" (the others within {max(h['relative_gap'] for h in heads.values()):.2%} on Eq. 2)")
+            + "."]
+
+
 def chaos_lines(results: Path) -> list[str]:
     data = _load(results, "chaos.json")
     if not data or "kills" not in data or "identical" not in data:
@@ -300,7 +316,8 @@ def classifier_lines(results: Path) -> list[str]:
 
 
 SECTIONS: tuple[Callable[[Path], list[str]], ...] = (table2_lines, volume_table2_lines, generator_lines, volume_lines,
-                                                      fluency_lines, scale_lines, chaos_lines, safety_lines,
+                                                      fluency_lines, scale_lines, extract_speed_lines, chaos_lines,
+                                                      safety_lines,
                                                       classifier_lines)
 
 

@@ -85,6 +85,8 @@ def test_overrides_parse_yaml_scalars():
     ("visual_relatedness.label_mode=mean", "visual_relatedness.label_mode", "'joint' or 'per_label'"),
     ("visual_relatedness.top_labels=0", "visual_relatedness.top_labels", "greater than or equal to 1"),
     ("evaluate.beam_size=1", "evaluate.beam_size", "greater than or equal to 2"),
+    ("extract.classifier.batch_order=sorted", "extract.classifier.batch_order", "'length_buckets' or 'random'"),
+    ("extract.evaluation.precision=fp16", "extract.evaluation.precision", "'fp32' or 'bf16'"),
 ])
 def test_bad_value_names_key_and_allowed(override, key, allowed):
     with pytest.raises(ConfigError) as err:

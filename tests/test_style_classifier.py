@@ -14,7 +14,8 @@ import math
 import numpy as np
 import pytest
 import torch
-from models.style_classifier import StyleClassifier, fine_tune, load_style_classifier, validate_labels
+from models.style_classifier import (BUCKET_BATCHES, StyleClassifier, fine_tune, load_style_classifier, training_batches,
+                                     validate_labels)
 from tiny_models import save_tiny_bert
 
 # One intra-op thread: on a shared 2-core machine two OpenMP threads contend and run ~8x slower.
@@ -117,3 +118,39 @@ def test_minilm_fine_tune_beats_chance():
     assert metrics["n"] == 30 and metrics["accuracy"] >= 0.7 and metrics["accuracy"] > before  # chance is 1/3
     for label in LABELS:
         assert 0.0 <= metrics[f"accuracy/{label}"] <= 1.0 and metrics[f"n/{label}"] == 10
+
+
+def test_length_buckets_cover_every_caption_once_with_less_padding():
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(4, 40, size=BUCKET_BATCHES * 8 * 3 + 5).tolist()  # three buckets and a partial one
+    plans = {order: training_batches(lengths, 8, torch.Generator().manual_seed(3), order)
+             for order in ("random", "length_buckets")}
+    for batches in plans.values():
+        assert sorted(torch.cat(batches).tolist()) == list(range(len(lengths)))
+        assert len(batches) == math.ceil(len(lengths) / 8) and sum(len(b) < 8 for b in batches) == 1
+    # random is the plain shuffle the old path drew; buckets pad far less (a batch costs its longest caption)
+    assert [b.tolist() for b in plans["random"]] == [
+        b.tolist() for b in torch.randperm(len(lengths), generator=torch.Generator().manual_seed(3)).split(8)]
+    padded = {order: sum(len(b) * max(lengths[i] for i in b.tolist()) for b in batches)
+              for order, batches in plans.items()}
+    assert padded["length_buckets"] < 0.75 * padded["random"]
+    # batches are not in length order: the order of buckets and of batches is drawn from the generator
+    first = [max(lengths[i] for i in b.tolist()) for b in plans["length_buckets"]]
+    assert first != sorted(first)
+    again = training_batches(lengths, 8, torch.Generator().manual_seed(3), "length_buckets")
+    assert [b.tolist() for b in again] == [b.tolist() for b in plans["length_buckets"]]
+    with pytest.raises(ValueError, match="batch_order must be one of"):
+        training_batches(lengths, 8, torch.Generator(), "sorted")
+
+
+def test_bf16_fine_tuning_keeps_fp32_weights_and_learns(tiny_path):
+    torch.manual_seed(0)
+    clf = load_style_classifier(tiny_path, LABELS, device="cpu", max_length=16)
+    texts, labels = separable_corpus(12, seed=0)
+    losses = []
+    fine_tune(clf, texts, labels, epochs=4, batch_size=12, lr=3e-3, seed=0, precision="bf16",
+              on_step=lambda step, metrics: losses.append(metrics["loss"]))
+    assert all(p.dtype == torch.float32 for p in clf.model.parameters())
+    assert np.mean(losses[-3:]) < np.mean(losses[:3])
+    with pytest.raises(ValueError, match="precision must be one of"):
+        fine_tune(clf, texts, labels, precision="fp16")
