@@ -201,8 +201,7 @@ def fit_evaluation_classifiers(cfg: ErgConfig, stylized: pd.DataFrame, factual: 
     classifiers = train_evaluation_classifiers(
         v.kind, positives, pool["train"], factual_label=cfg.factual_label, name_or_path=v.name_or_path,
         max_length=v.max_length, device=cfg.extract.device, l2=v.l2, epochs=v.epochs, batch_size=v.batch_size,
-        lr=v.lr, max_train_captions=v.max_train_captions, seed=v.seed, batch_order=v.batch_order,
-        precision=v.precision)
+        lr=v.lr, max_train_captions=v.max_train_captions, seed=v.seed, batch_order=v.batch_order, precision=v.precision)
     metrics: dict[str, Any] = {"evaluation_classifier.fit_seconds": time.perf_counter() - tick}
     val = stylized[stylized["split"] == "val"]
     accuracy = {}
